@@ -1,0 +1,46 @@
+"""Where the Triton kernels can run, and the checks that say so before a launch."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def interpreter_active() -> bool:
+    """True when Triton kernels run on the CPU through the interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_can_run_on(device: torch.device) -> bool:
+    """Compiled Triton needs a CUDA device; the interpreter runs on CPU tensors only."""
+    if interpreter_active():
+        return device.type == "cpu"
+    return device.type == "cuda"
+
+
+def check_triton_device(device: torch.device, what: str) -> None:
+    if triton_can_run_on(device):
+        return
+    if device.type == "cpu":
+        raise RuntimeError(
+            f"{what}: the Triton kernels need CUDA tensors; on the CPU they only run through the Triton "
+            "interpreter (set TRITON_INTERPRET=1 before importing gtnorm), or use the PyG/torch path"
+        )
+    raise RuntimeError(f"{what}: tensors on {device} cannot run the Triton kernels here")
+
+
+def check_dtype(name: str, tensor: torch.Tensor) -> None:
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {tensor.dtype}")
+
+
+def resolve_eps(eps: float | None, dtype: torch.dtype) -> float:
+    """torch.nn.RMSNorm's rule: ``eps=None`` means the machine epsilon of the input dtype."""
+    if eps is None:
+        return float(torch.finfo(dtype).eps)
+    if not eps >= 0.0:
+        raise ValueError(f"eps must be a non-negative float, got {eps}")
+    return float(eps)

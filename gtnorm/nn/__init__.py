@@ -1,0 +1,1 @@
+"""PyTorch modules: the PyG-compatible GraphTransformerConv and its PyG reference."""

@@ -1,0 +1,1 @@
+"""The graph-transformer attention kernels (forward, backward) with RMSNorm fused into the Q/K loads."""

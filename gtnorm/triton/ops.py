@@ -1,0 +1,226 @@
+"""Launch glue: the attention kernels as ``torch.library`` custom ops with fake impls and autograd.
+
+The layout's index tensors are op arguments (not a Python object) so that torch.compile can trace the op and
+the autograd formula can hand them to the backward op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import triton
+from torch import Tensor
+
+from gtnorm.triton.backward_kernels import (
+    edge_softmax_backward_by_destination_kernel,
+    edge_softmax_backward_by_source_kernel,
+)
+from gtnorm.triton.config import attention_launch_config
+from gtnorm.triton.forward_kernel import graph_attention_forward_kernel
+
+LOG2E = 1.4426950408889634
+
+# Tests set this to fill every output with NaN before the kernels run, so an element a kernel forgets to
+# write cannot pass by holding a stale value.
+POISON_OUTPUTS = False
+
+
+def _new_output(shape, dtype, device) -> Tensor:
+    if POISON_OUTPUTS:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _device_guard(device: torch.device):
+    # Triton launches on the current CUDA device; make it the tensors' one.
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _launch_config(query: Tensor, key: Tensor, num_edges: int):
+    num_dst, num_heads, head_dim = query.shape
+    return attention_launch_config(
+        num_heads, head_dim, num_edges / max(num_dst, 1), num_edges / max(key.shape[0], 1)
+    )
+
+
+@torch.library.custom_op("gtnorm::graph_attention_forward", mutates_args=())
+def graph_attention_forward(
+    query: Tensor,  # [N_dst, H, C]
+    key: Tensor,  # [N_src, H, C]
+    value: Tensor,  # [N_src, H, C]
+    edge_attr: Tensor | None,  # [M, H, C]
+    q_norm_weight: Tensor | None,  # [C]
+    k_norm_weight: Tensor | None,  # [C]
+    dst_offsets: Tensor,  # [N_dst + 1] int32
+    csc_src: Tensor,  # [M] int32
+    csc_edge_id: Tensor,  # [M] int32
+    src_offsets: Tensor,  # [N_src + 1] int32 (for the backward)
+    csr_dst: Tensor,  # [M] int32 (for the backward)
+    csr_edge_id: Tensor,  # [M] int32 (for the backward)
+    qk_norm: bool,
+    eps: float,
+) -> tuple[Tensor, Tensor]:
+    """Returns (out [N_dst, H, C], lse [N_dst, H] fp32 log2-sum-exp2 of the scores)."""
+    num_dst, num_heads, head_dim = query.shape
+    out = _new_output(query.shape, query.dtype, query.device)
+    lse = _new_output((num_dst, num_heads), torch.float32, query.device)
+    if num_dst == 0:
+        return out, lse
+    cfg = _launch_config(query, key, csc_src.numel())
+    with _device_guard(query.device):
+        graph_attention_forward_kernel[(num_dst,)](
+            query, key, value,
+            edge_attr if edge_attr is not None else query,
+            q_norm_weight if q_norm_weight is not None else query,
+            k_norm_weight if k_norm_weight is not None else query,
+            dst_offsets, csc_src, csc_edge_id,
+            out, lse,
+            num_heads, head_dim, LOG2E / math.sqrt(head_dim), eps,
+            HAS_EDGE_ATTR=edge_attr is not None,
+            QK_NORM=qk_norm,
+            HAS_Q_WEIGHT=q_norm_weight is not None,
+            HAS_K_WEIGHT=k_norm_weight is not None,
+            BLOCK_E=cfg.block_e_forward, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
+            num_warps=cfg.num_warps,
+        )  # fmt: skip
+    return out, lse
+
+
+@graph_attention_forward.register_fake
+def _(query, key, value, edge_attr, q_norm_weight, k_norm_weight, dst_offsets, csc_src, csc_edge_id,
+      src_offsets, csr_dst, csr_edge_id, qk_norm, eps):
+    return torch.empty_like(query), query.new_empty(query.shape[:2], dtype=torch.float32)
+
+
+@torch.library.custom_op("gtnorm::graph_attention_backward", mutates_args=())
+def graph_attention_backward(
+    grad_out: Tensor,  # [N_dst, H, C]
+    query: Tensor,  # [N_dst, H, C]
+    key: Tensor,  # [N_src, H, C]
+    value: Tensor,  # [N_src, H, C]
+    edge_attr: Tensor | None,  # [M, H, C]
+    q_norm_weight: Tensor | None,  # [C]
+    k_norm_weight: Tensor | None,  # [C]
+    lse: Tensor,  # [N_dst, H] fp32
+    dst_offsets: Tensor,  # [N_dst + 1] int32
+    csc_src: Tensor,  # [M] int32
+    csc_edge_id: Tensor,  # [M] int32
+    src_offsets: Tensor,  # [N_src + 1] int32
+    csr_dst: Tensor,  # [M] int32
+    csr_edge_id: Tensor,  # [M] int32
+    qk_norm: bool,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Returns (dq, dk, dv, d_edge_attr, d_q_norm_weight, d_k_norm_weight); absent inputs get empty grads."""
+    num_dst, num_heads, head_dim = query.shape
+    num_src = key.shape[0]
+    num_edges = csc_src.numel()
+    device = query.device
+    grad_out = grad_out.contiguous()
+    grad_query = _new_output(query.shape, query.dtype, device)
+    grad_key = _new_output(key.shape, key.dtype, device)
+    grad_value = _new_output(value.shape, value.dtype, device)
+    has_edge_attr = edge_attr is not None
+    grad_edge_attr = _new_output(edge_attr.shape if has_edge_attr else (0,), query.dtype, device)
+    attn = _new_output((num_edges, num_heads), torch.float32, device)
+    grad_attn = _new_output((num_edges, num_heads), torch.float32, device)
+    delta = _new_output((num_dst, num_heads), torch.float32, device)
+
+    cfg = _launch_config(query, key, num_edges)
+    per_program = cfg.nodes_per_program
+    dst_programs = triton.cdiv(num_dst, per_program)
+    src_programs = triton.cdiv(num_src, per_program)
+    with_q_weight = qk_norm and q_norm_weight is not None
+    with_k_weight = qk_norm and k_norm_weight is not None
+    q_weight_partial = _new_output((dst_programs if with_q_weight else 0, head_dim), torch.float32, device)
+    k_weight_partial = _new_output((src_programs if with_k_weight else 0, head_dim), torch.float32, device)
+    flags = dict(
+        HAS_EDGE_ATTR=has_edge_attr,
+        QK_NORM=qk_norm,
+        HAS_Q_WEIGHT=q_norm_weight is not None,
+        HAS_K_WEIGHT=k_norm_weight is not None,
+        NODES_PER_PROGRAM=per_program,
+        BLOCK_H=cfg.block_h,
+        BLOCK_C=cfg.block_c,
+        num_warps=cfg.num_warps,
+    )
+    q_weight = q_norm_weight if q_norm_weight is not None else query
+    k_weight = k_norm_weight if k_norm_weight is not None else query
+    sm_scale = 1.0 / math.sqrt(head_dim)
+    with _device_guard(device):
+        if dst_programs:
+            edge_softmax_backward_by_destination_kernel[(dst_programs,)](
+                query, key, value, edge_attr if has_edge_attr else query, q_weight, k_weight,
+                dst_offsets, csc_src, csc_edge_id,
+                grad_out, lse,
+                grad_query, attn, grad_attn, delta, q_weight_partial,
+                num_dst, num_heads, head_dim, LOG2E * sm_scale, sm_scale, eps,
+                BLOCK_E=cfg.block_e_by_destination, **flags,
+            )  # fmt: skip
+        if src_programs:
+            edge_softmax_backward_by_source_kernel[(src_programs,)](
+                query, key, q_weight, k_weight,
+                src_offsets, csr_dst, csr_edge_id,
+                grad_out, attn, grad_attn, delta,
+                grad_key, grad_value, grad_edge_attr if has_edge_attr else query, k_weight_partial,
+                num_src, num_heads, head_dim, sm_scale, eps,
+                BLOCK_E=cfg.block_e_by_source, **flags,
+            )  # fmt: skip
+    # Fixed-order sums of the per-program partial rows: bitwise reproducible.
+    grad_q_weight = _weight_grad(q_norm_weight, q_weight_partial, with_q_weight, device)
+    grad_k_weight = _weight_grad(k_norm_weight, k_weight_partial, with_k_weight, device)
+    return grad_query, grad_key, grad_value, grad_edge_attr, grad_q_weight, grad_k_weight
+
+
+def _weight_grad(weight: Tensor | None, partial: Tensor, computed: bool, device) -> Tensor:
+    if weight is None:
+        return torch.empty(0, dtype=torch.float32, device=device)
+    if not computed:  # the weight exists but qk_norm is off: it took no part
+        return torch.zeros_like(weight)
+    return partial.sum(dim=0).to(weight.dtype)
+
+
+@graph_attention_backward.register_fake
+def _(grad_out, query, key, value, edge_attr, q_norm_weight, k_norm_weight, lse, dst_offsets, csc_src,
+      csc_edge_id, src_offsets, csr_dst, csr_edge_id, qk_norm, eps):
+    def grad_or_empty(t):
+        return torch.empty_like(t) if t is not None else query.new_empty((0,), dtype=torch.float32)
+
+    grad_edge_attr = torch.empty_like(edge_attr) if edge_attr is not None else query.new_empty((0,))
+    return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), grad_edge_attr,
+            grad_or_empty(q_norm_weight), grad_or_empty(k_norm_weight))
+
+
+_LAYOUT_ARGS = 6  # dst_offsets, csc_src, csc_edge_id, src_offsets, csr_dst, csr_edge_id
+
+
+def _setup_context(ctx, inputs, output):
+    (query, key, value, edge_attr, q_norm_weight, k_norm_weight, *layout, qk_norm, eps) = inputs
+    ctx.save_for_backward(query, key, value, edge_attr, q_norm_weight, k_norm_weight, output[1], *layout)
+    ctx.qk_norm = qk_norm
+    ctx.eps = eps
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward(ctx, grad_out, _grad_lse):
+    query, key, value, edge_attr, q_norm_weight, k_norm_weight, lse, *layout = ctx.saved_tensors
+    grads = torch.ops.gtnorm.graph_attention_backward(
+        grad_out, query, key, value, edge_attr, q_norm_weight, k_norm_weight, lse, *layout, ctx.qk_norm, ctx.eps
+    )
+    grad_query, grad_key, grad_value, grad_edge_attr, grad_q_weight, grad_k_weight = grads
+    return (
+        grad_query,
+        grad_key,
+        grad_value,
+        grad_edge_attr if edge_attr is not None else None,
+        grad_q_weight if q_norm_weight is not None else None,
+        grad_k_weight if k_norm_weight is not None else None,
+        *([None] * _LAYOUT_ARGS),
+        None,
+        None,
+    )
+
+
+graph_attention_forward.register_autograd(_backward, setup_context=_setup_context)
