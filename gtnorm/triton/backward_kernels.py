@@ -4,7 +4,7 @@ Notation per head: q' = rmsnorm(q) * w_q, k' = rmsnorm(k) * w_k, s_ij = <q'_i, k
 a_ij = softmax_j(s_ij), out_i = sum_j a_ij (v_j + e_ij), dO = dL/dout.
 
 Pass 1, by destination (one program walks NODES_PER_PROGRAM consecutive destination nodes):
-    da_ij = <dO_i, v_j + e_ij>,   D_i = sum_j a_ij da_ij   (= <dO_i, out_i>, but built from fp32 terms)
+    da_ij = <dO_i, v_j + e_ij>,   D_i = sum_j a_ij da_ij / sum_j a_ij   (= <dO_i, out_i>, from fp32 terms)
     dq'_i = sum_j a_ij (da_ij - D_i) (k'_j + e_ij) / sqrt(C) = (A_i - D_i B_i) / sqrt(C)
         with A_i = sum_j a_ij da_ij (k'_j + e_ij) and B_i = sum_j a_ij (k'_j + e_ij),
     so a single sweep over the edges suffices and no copy of out is needed: nothing cancels in low
@@ -51,7 +51,7 @@ def edge_softmax_backward_by_destination_kernel(
     attn_ptr,  # [M, H] fp32 out: a, by caller's edge id
     grad_attn_ptr,  # [M, H] fp32 out: da = <dO, v + e>, by caller's edge id
     delta_ptr,  # [N_dst, H] fp32 out: D
-    q_weight_grad_partial_ptr,  # [num_programs, C] fp32 out (unused without the weight)
+    q_weight_grad_partial_ptr,  # [programs, C] fp32 out, a row per program (unused without the weight)
     num_dst,
     H,
     C,
@@ -69,9 +69,9 @@ def edge_softmax_backward_by_destination_kernel(
 ):
     pid = tl.program_id(0)
     row_len = H * C
-    offsets, mask = row_tile_offsets(H, C, BLOCK_H, BLOCK_C)
+    # Heads are independent (the norm is per head), so a program may take a group of BLOCK_H of them.
+    offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
     offs_e = tl.arange(0, BLOCK_E)
-    offs_h = tl.arange(0, BLOCK_H)
     head_mask = offs_h < H
 
     w_q = load_norm_weight(q_weight_ptr, C, HAS_Q_WEIGHT, BLOCK_C)
@@ -93,6 +93,7 @@ def edge_softmax_backward_by_destination_kernel(
         lse = tl.load(lse_ptr + node.to(tl.int64) * H + offs_h, mask=head_mask, other=0.0)
 
         delta = tl.zeros([BLOCK_H], tl.float32)
+        a_sum = tl.zeros([BLOCK_H], tl.float32)
         acc_a = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
         acc_b = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
         start = tl.load(dst_offsets_ptr + node)
@@ -105,7 +106,7 @@ def edge_softmax_backward_by_destination_kernel(
             edge_id = tl.load(csc_edge_id_ptr + pos, mask=edge_mask, other=0)
             k = gather_rows(key_ptr, src, edge_mask, offsets, mask, row_len)
             v = gather_rows(value_ptr, src, edge_mask, offsets, mask, row_len)
-            k, _ = normalize_heads(k, w_k, C, eps, QK_NORM)
+            k, rstd_k = normalize_heads(k, w_k, C, eps, QK_NORM)
             if HAS_EDGE_ATTR:
                 e = gather_rows(edge_attr_ptr, edge_id, edge_mask, offsets, mask, row_len)
                 k += e
@@ -115,6 +116,7 @@ def edge_softmax_backward_by_destination_kernel(
             da = tl.sum(d_out[None, :, :] * v, axis=2)
             a_da = a * da
             delta += tl.sum(a_da, axis=0)
+            a_sum += tl.sum(a, axis=0)
             acc_a += tl.sum(a_da[:, :, None] * k, axis=0)
             acc_b += tl.sum(a[:, :, None] * k, axis=0)
             edge_head = edge_id.to(tl.int64)[:, None] * H + offs_h[None, :]
@@ -123,6 +125,10 @@ def edge_softmax_backward_by_destination_kernel(
             tl.store(grad_attn_ptr + edge_head, da, mask=edge_head_mask)
             e0 += BLOCK_E
 
+        # D over sum(a) rather than over 1: the same number in exact arithmetic, but it makes dS = a (da - D)
+        # sum to exactly what the recomputed a gives, so equal messages still give dS = 0 when the softmax is
+        # sharp and a carries the rounding of large scores.
+        delta = delta / tl.where(a_sum > 0.0, a_sum, 1.0)
         grad_q = (acc_a - delta[:, None] * acc_b) * sm_scale
         if QK_NORM:
             if HAS_Q_WEIGHT:
@@ -133,7 +139,8 @@ def edge_softmax_backward_by_destination_kernel(
 
     if QK_NORM and HAS_Q_WEIGHT:
         offs_c = tl.arange(0, BLOCK_C)
-        tl.store(q_weight_grad_partial_ptr + pid.to(tl.int64) * C + offs_c, grad_w_q, mask=offs_c < C)
+        partial_row = pid * tl.num_programs(1) + tl.program_id(1)
+        tl.store(q_weight_grad_partial_ptr + partial_row.to(tl.int64) * C + offs_c, grad_w_q, mask=offs_c < C)
 
 
 @triton.jit
@@ -152,7 +159,7 @@ def edge_softmax_backward_by_source_kernel(
     grad_key_ptr,  # [N_src, H, C]
     grad_value_ptr,  # [N_src, H, C]
     grad_edge_attr_ptr,  # [M, H, C] caller's edge order (unused without HAS_EDGE_ATTR)
-    k_weight_grad_partial_ptr,  # [num_programs, C] fp32 out (unused without the weight)
+    k_weight_grad_partial_ptr,  # [programs, C] fp32 out, a row per program (unused without the weight)
     num_src,
     H,
     C,
@@ -169,9 +176,9 @@ def edge_softmax_backward_by_source_kernel(
 ):
     pid = tl.program_id(0)
     row_len = H * C
-    offsets, mask = row_tile_offsets(H, C, BLOCK_H, BLOCK_C)
+    # Heads are independent (the norm is per head), so a program may take a group of BLOCK_H of them.
+    offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
     offs_e = tl.arange(0, BLOCK_E)
-    offs_h = tl.arange(0, BLOCK_H)
     head_mask = offs_h < H
 
     w_q = load_norm_weight(q_weight_ptr, C, HAS_Q_WEIGHT, BLOCK_C)
@@ -203,7 +210,7 @@ def edge_softmax_backward_by_source_kernel(
             grad_s = a * (da - delta)  # [BLOCK_E, BLOCK_H]
             d_out = gather_rows(grad_out_ptr, dst, edge_mask, offsets, mask, row_len)
             q = gather_rows(query_ptr, dst, edge_mask, offsets, mask, row_len)
-            q, _ = normalize_heads(q, w_q, C, eps, QK_NORM)
+            q, rstd_q = normalize_heads(q, w_q, C, eps, QK_NORM)
             a_d_out = a[:, :, None] * d_out
             grad_s_q = grad_s[:, :, None] * q * sm_scale
             grad_v += tl.sum(a_d_out, axis=0)
@@ -223,4 +230,5 @@ def edge_softmax_backward_by_source_kernel(
 
     if QK_NORM and HAS_K_WEIGHT:
         offs_c = tl.arange(0, BLOCK_C)
-        tl.store(k_weight_grad_partial_ptr + pid.to(tl.int64) * C + offs_c, grad_w_k, mask=offs_c < C)
+        partial_row = pid * tl.num_programs(1) + tl.program_id(1)
+        tl.store(k_weight_grad_partial_ptr + partial_row.to(tl.int64) * C + offs_c, grad_w_k, mask=offs_c < C)

@@ -1,7 +1,9 @@
-"""Launch settings of the attention kernels, chosen from the tensor sizes and the graph's degrees.
+"""Launch settings of the attention kernels, chosen from the tensor sizes alone.
 
-Nothing here benchmarks: settings depend on (H, C) and the mean degree only, so a new graph never triggers
-a tuning run and at most a few kernel variants get compiled.
+Nothing here benchmarks: a new graph never triggers a tuning run and only a few kernel variants get
+compiled. The numbers come from sweeps on an H200 (benchmarks/NOTES.md, "launch settings"): the kernels are
+bound by the latency of dependent gathers (edge index, then the rows it points to), so what pays is many
+small, register-light programs resident per SM, each walking its edges one at a time.
 """
 
 from __future__ import annotations
@@ -10,42 +12,48 @@ from dataclasses import dataclass
 
 import triton
 
-# Elements of one [BLOCK_E, BLOCK_H, BLOCK_C] fp32 tile the kernels keep in registers (several live at once).
-_MAX_EDGE_TILE = 4096
-# Rows of H*C elements handled per backward program: enough to keep the weight-gradient partials small
-# (one fp32 row of C per program) while leaving thousands of programs to balance the load.
+from gtnorm._runtime import interpreter_active
+
+# Row slice (heads x padded channels) of one program: the forward keeps all heads of a node together up to
+# 1024 elements; the backward kernels hold more state per element (q, dO, two accumulators) and run best as
+# one-warp programs over 256-element slices.
+_FORWARD_ROW_SLICE = 1024
+_BACKWARD_ROW_SLICE = 256
+# Nodes per backward program: the weight-gradient partials stay small (one fp32 row of C per program).
 _BACKWARD_NODES_PER_PROGRAM = 8
 
 
 @dataclass(frozen=True)
-class AttentionLaunchConfig:
-    block_h: int
-    block_c: int
-    block_e_forward: int
-    block_e_by_destination: int
-    block_e_by_source: int
-    nodes_per_program: int
+class KernelLaunch:
+    block_h: int  # heads per program (a power of two)
+    head_groups: int  # programs along the head axis
+    block_e: int  # edges gathered per step
     num_warps: int
 
 
-def attention_launch_config(
-    num_heads: int, head_dim: int, mean_in_degree: float, mean_out_degree: float
-) -> AttentionLaunchConfig:
-    block_h = triton.next_power_of_2(num_heads)
+@dataclass(frozen=True)
+class AttentionLaunchConfig:
+    block_c: int  # channels, padded to a power of two
+    forward: KernelLaunch
+    by_destination: KernelLaunch
+    by_source: KernelLaunch
+    nodes_per_program: int  # backward programs walk this many consecutive nodes
+
+
+def _launch(num_heads: int, block_c: int, row_slice: int, num_warps: int) -> KernelLaunch:
+    block_h = min(triton.next_power_of_2(num_heads), max(1, row_slice // block_c))
+    # The interpreter pays per executed operation, not per byte: there, fewer and wider steps are faster.
+    block_e = 4 if interpreter_active() else 1
+    return KernelLaunch(block_h, triton.cdiv(num_heads, block_h), block_e=block_e, num_warps=num_warps)
+
+
+def attention_launch_config(num_heads: int, head_dim: int) -> AttentionLaunchConfig:
     block_c = triton.next_power_of_2(head_dim)
-    row = block_h * block_c
-    max_block_e = max(1, _MAX_EDGE_TILE // row)
-
-    def edge_block(mean_degree: float) -> int:
-        # Round the typical degree up to a power of two so a typical node needs one step, within the tile cap.
-        return max(1, min(max_block_e, triton.next_power_of_2(max(1, round(mean_degree)))))
-
+    backward = _launch(num_heads, block_c, _BACKWARD_ROW_SLICE, num_warps=1)
     return AttentionLaunchConfig(
-        block_h=block_h,
         block_c=block_c,
-        block_e_forward=edge_block(mean_in_degree),
-        block_e_by_destination=edge_block(mean_in_degree),
-        block_e_by_source=edge_block(mean_out_degree),
+        forward=_launch(num_heads, block_c, _FORWARD_ROW_SLICE, num_warps=4),
+        by_destination=backward,
+        by_source=backward,
         nodes_per_program=_BACKWARD_NODES_PER_PROGRAM,
-        num_warps=4 if row <= 512 else 8,
     )

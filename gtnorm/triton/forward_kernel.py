@@ -46,14 +46,14 @@ def graph_attention_forward_kernel(
 ):
     node = tl.program_id(0)
     row_len = H * C
-    offsets, mask = row_tile_offsets(H, C, BLOCK_H, BLOCK_C)
+    # Heads are independent (the norm is per head), so a program may take a group of BLOCK_H of them.
+    offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
     offs_e = tl.arange(0, BLOCK_E)
-    offs_h = tl.arange(0, BLOCK_H)
 
     w_q = load_norm_weight(q_weight_ptr, C, HAS_Q_WEIGHT, BLOCK_C)
     w_k = load_norm_weight(k_weight_ptr, C, HAS_K_WEIGHT, BLOCK_C)
     q = load_row(query_ptr, node, offsets, mask, row_len)
-    q, _ = normalize_heads(q, w_q, C, eps, QK_NORM)
+    q, rstd_q = normalize_heads(q, w_q, C, eps, QK_NORM)
     q = q * score_scale
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -69,7 +69,7 @@ def graph_attention_forward_kernel(
         src = tl.load(csc_src_ptr + pos, mask=edge_mask, other=0)
         k = gather_rows(key_ptr, src, edge_mask, offsets, mask, row_len)
         v = gather_rows(value_ptr, src, edge_mask, offsets, mask, row_len)
-        k, _ = normalize_heads(k, w_k, C, eps, QK_NORM)
+        k, rstd_k = normalize_heads(k, w_k, C, eps, QK_NORM)
         if HAS_EDGE_ATTR:
             edge_id = tl.load(csc_edge_id_ptr + pos, mask=edge_mask, other=0)
             e = gather_rows(edge_attr_ptr, edge_id, edge_mask, offsets, mask, row_len)

@@ -38,13 +38,6 @@ def _device_guard(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _launch_config(query: Tensor, key: Tensor, num_edges: int):
-    num_dst, num_heads, head_dim = query.shape
-    return attention_launch_config(
-        num_heads, head_dim, num_edges / max(num_dst, 1), num_edges / max(key.shape[0], 1)
-    )
-
-
 @torch.library.custom_op("gtnorm::graph_attention_forward", mutates_args=())
 def graph_attention_forward(
     query: Tensor,  # [N_dst, H, C]
@@ -68,9 +61,10 @@ def graph_attention_forward(
     lse = _new_output((num_dst, num_heads), torch.float32, query.device)
     if num_dst == 0:
         return out, lse
-    cfg = _launch_config(query, key, csc_src.numel())
+    cfg = attention_launch_config(num_heads, head_dim)
+    launch = cfg.forward
     with _device_guard(query.device):
-        graph_attention_forward_kernel[(num_dst,)](
+        graph_attention_forward_kernel[(num_dst, launch.head_groups)](
             query, key, value,
             edge_attr if edge_attr is not None else query,
             q_norm_weight if q_norm_weight is not None else query,
@@ -82,8 +76,7 @@ def graph_attention_forward(
             QK_NORM=qk_norm,
             HAS_Q_WEIGHT=q_norm_weight is not None,
             HAS_K_WEIGHT=k_norm_weight is not None,
-            BLOCK_E=cfg.block_e_forward, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
-            num_warps=cfg.num_warps,
+            BLOCK_E=launch.block_e, BLOCK_H=launch.block_h, BLOCK_C=cfg.block_c, num_warps=launch.num_warps,
         )  # fmt: skip
     return out, lse
 
@@ -128,45 +121,46 @@ def graph_attention_backward(
     grad_attn = _new_output((num_edges, num_heads), torch.float32, device)
     delta = _new_output((num_dst, num_heads), torch.float32, device)
 
-    cfg = _launch_config(query, key, num_edges)
+    cfg = attention_launch_config(num_heads, head_dim)
+    by_dst, by_src = cfg.by_destination, cfg.by_source
     per_program = cfg.nodes_per_program
     dst_programs = triton.cdiv(num_dst, per_program)
     src_programs = triton.cdiv(num_src, per_program)
     with_q_weight = qk_norm and q_norm_weight is not None
     with_k_weight = qk_norm and k_norm_weight is not None
-    q_weight_partial = _new_output((dst_programs if with_q_weight else 0, head_dim), torch.float32, device)
-    k_weight_partial = _new_output((src_programs if with_k_weight else 0, head_dim), torch.float32, device)
+    q_partial_rows = dst_programs * by_dst.head_groups if with_q_weight else 0
+    k_partial_rows = src_programs * by_src.head_groups if with_k_weight else 0
+    q_weight_partial = _new_output((q_partial_rows, head_dim), torch.float32, device)
+    k_weight_partial = _new_output((k_partial_rows, head_dim), torch.float32, device)
     flags = dict(
         HAS_EDGE_ATTR=has_edge_attr,
         QK_NORM=qk_norm,
         HAS_Q_WEIGHT=q_norm_weight is not None,
         HAS_K_WEIGHT=k_norm_weight is not None,
         NODES_PER_PROGRAM=per_program,
-        BLOCK_H=cfg.block_h,
         BLOCK_C=cfg.block_c,
-        num_warps=cfg.num_warps,
     )
     q_weight = q_norm_weight if q_norm_weight is not None else query
     k_weight = k_norm_weight if k_norm_weight is not None else query
     sm_scale = 1.0 / math.sqrt(head_dim)
     with _device_guard(device):
         if dst_programs:
-            edge_softmax_backward_by_destination_kernel[(dst_programs,)](
+            edge_softmax_backward_by_destination_kernel[(dst_programs, by_dst.head_groups)](
                 query, key, value, edge_attr if has_edge_attr else query, q_weight, k_weight,
                 dst_offsets, csc_src, csc_edge_id,
                 grad_out, lse,
                 grad_query, attn, grad_attn, delta, q_weight_partial,
                 num_dst, num_heads, head_dim, LOG2E * sm_scale, sm_scale, eps,
-                BLOCK_E=cfg.block_e_by_destination, **flags,
+                BLOCK_E=by_dst.block_e, BLOCK_H=by_dst.block_h, num_warps=by_dst.num_warps, **flags,
             )  # fmt: skip
         if src_programs:
-            edge_softmax_backward_by_source_kernel[(src_programs,)](
+            edge_softmax_backward_by_source_kernel[(src_programs, by_src.head_groups)](
                 query, key, q_weight, k_weight,
                 src_offsets, csr_dst, csr_edge_id,
                 grad_out, attn, grad_attn, delta,
                 grad_key, grad_value, grad_edge_attr if has_edge_attr else query, k_weight_partial,
                 num_src, num_heads, head_dim, sm_scale, eps,
-                BLOCK_E=cfg.block_e_by_source, **flags,
+                BLOCK_E=by_src.block_e, BLOCK_H=by_src.block_h, num_warps=by_src.num_warps, **flags,
             )  # fmt: skip
     # Fixed-order sums of the per-program partial rows: bitwise reproducible.
     grad_q_weight = _weight_grad(q_norm_weight, q_weight_partial, with_q_weight, device)

@@ -1,7 +1,7 @@
 """@triton.jit helpers that move [H, C] node/edge rows between memory and fp32 register tiles.
 
-Every [N, H, C] tensor is contiguous, so one row (all heads of one node or edge) is H*C consecutive
-elements: a gather of BLOCK_E rows reads BLOCK_E contiguous segments. Row indices are widened to int64
+Every [N, H, C] tensor is contiguous, so the BLOCK_H heads a program handles are BLOCK_H*C consecutive
+elements of a row: a gather of BLOCK_E rows reads BLOCK_E contiguous segments. Row indices are widened to int64
 before the multiply, because M*H*C passes 2**31 on the largest graphs.
 """
 
@@ -12,13 +12,13 @@ from gtnorm.rmsnorm.math import rms_norm_forward
 
 
 @triton.jit
-def row_tile_offsets(H, C, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Offsets [BLOCK_H, BLOCK_C] of the elements of one row, and the mask of the real (H, C) part."""
-    offs_h = tl.arange(0, BLOCK_H)
+def row_tile_offsets(head_start, H, C, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Offsets [BLOCK_H, BLOCK_C] of heads head_start.. of one row, their mask, and the head indices."""
+    offs_h = head_start + tl.arange(0, BLOCK_H)
     offs_c = tl.arange(0, BLOCK_C)
     offsets = offs_h[:, None] * C + offs_c[None, :]
     mask = (offs_h[:, None] < H) & (offs_c[None, :] < C)
-    return offsets, mask
+    return offsets, mask, offs_h
 
 
 @triton.jit

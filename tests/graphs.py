@@ -1,0 +1,72 @@
+"""Small test graphs (edge_index [2, M], row 0 = source, row 1 = destination) of the kinds gtnorm serves.
+
+Sizes stay small on the CPU, where the kernels run through the Triton interpreter; ``scale`` grows them on
+a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tests.conftest import HAS_CUDA
+
+
+@dataclass(frozen=True)
+class SmallGraph:
+    name: str
+    edge_index: torch.Tensor  # [2, M]
+    num_src: int
+    num_dst: int
+
+
+def _ring_neighbours(n_src: int, n_dst: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    """Each destination receives k sources around its position on a ring (jittered): local, like a mesh."""
+    dst = torch.arange(n_dst).repeat_interleave(k)
+    centre = (torch.arange(n_dst) * n_src) // max(n_dst, 1)
+    offsets = torch.randint(-k, k + 1, (n_dst * k,), generator=generator)
+    src = (centre.repeat_interleave(k) + offsets) % n_src
+    return torch.stack([src, dst])
+
+
+def random_bipartite(scale: int, generator: torch.Generator) -> SmallGraph:
+    """Random edges; the last destinations and sources take part in none (zero in- and out-degree)."""
+    n_src, n_dst, m = 23 * scale, 17 * scale, 70 * scale
+    src = torch.randint(0, n_src - 3, (m,), generator=generator)
+    dst = torch.randint(0, n_dst - 4, (m,), generator=generator)
+    return SmallGraph("random_bipartite", torch.stack([src, dst]), n_src, n_dst)
+
+
+def encoder_like(scale: int, generator: torch.Generator) -> SmallGraph:
+    """Many data nodes into few hidden nodes, varying in-degree (2 to 12)."""
+    n_src, n_dst = 64 * scale, 12 * scale
+    parts = [_ring_neighbours(n_src, n_dst, k, generator) for k in (2, 5, 12)]
+    edge_index = torch.cat(parts, dim=1)[:, : 3 * n_dst * 6]
+    return SmallGraph("encoder_like", edge_index, n_src, n_dst)
+
+
+def decoder_like(scale: int, generator: torch.Generator) -> SmallGraph:
+    """Each data node receives its 3 nearest hidden nodes."""
+    n_src, n_dst = 12 * scale, 40 * scale
+    return SmallGraph("decoder_like", _ring_neighbours(n_src, n_dst, 3, generator), n_src, n_dst)
+
+
+def processor_like(scale: int, generator: torch.Generator) -> SmallGraph:
+    """Square graph with self-loops and duplicate edges, edges in a shuffled order."""
+    n = 20 * scale
+    ring = _ring_neighbours(n, n, 4, generator)
+    loops = torch.arange(n).repeat(2, 1)
+    duplicates = ring[:, : n // 2]
+    edge_index = torch.cat([ring, loops, duplicates], dim=1)
+    edge_index = edge_index[:, torch.randperm(edge_index.shape[1], generator=generator)]
+    return SmallGraph("processor_like", edge_index, n, n)
+
+
+GRAPH_BUILDERS = {f.__name__: f for f in (random_bipartite, encoder_like, decoder_like, processor_like)}
+GRAPH_SCALE = 40 if HAS_CUDA else 1
+
+
+def make_graph(name: str, seed: int | None = None, scale: int = GRAPH_SCALE) -> SmallGraph:
+    generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
+    return GRAPH_BUILDERS[name](scale, generator)
