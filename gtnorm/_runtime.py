@@ -38,9 +38,11 @@ def check_dtype(name: str, tensor: torch.Tensor) -> None:
 
 
 def resolve_eps(eps: float | None, dtype: torch.dtype) -> float:
-    """torch.nn.RMSNorm's rule: ``eps=None`` means the machine epsilon of the input dtype."""
+    """torch.nn.RMSNorm's rule as its kernels apply it: ``eps=None`` means the machine epsilon of the type the
+    statistics are computed in. For float16/bfloat16 inputs torch computes in float32 and so uses float32's
+    epsilon (not the 16-bit one its documentation names); gtnorm's kernels also compute in float32."""
     if eps is None:
-        return float(torch.finfo(dtype).eps)
+        return float(torch.finfo(torch.promote_types(dtype, torch.float32)).eps)
     if not eps >= 0.0:
         raise ValueError(f"eps must be a non-negative float, got {eps}")
     return float(eps)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from gtnorm._runtime import check_dtype, check_triton_device, resolve_eps
 from gtnorm.triton.layout import GraphLayout
+from gtnorm.triton.ops import graph_attention_forward
 
 
 def graph_transformer_attention(
@@ -26,12 +26,12 @@ def graph_transformer_attention(
 
     With ``qk_norm``, q' = RMSNorm(q) * q_norm_weight and k' = RMSNorm(k) * k_norm_weight over the channels
     of each head (weights [C] shared by the heads, optional), applied inside the kernels after each load.
-    ``eps=None`` uses ``torch.finfo(query.dtype).eps``, as torch.nn.RMSNorm does. Destinations without
+    ``eps=None`` does what torch.nn.RMSNorm does (the float32 epsilon for 16- and 32-bit inputs). Destinations without
     incoming edges get 0. Differentiable in query, key, value, edge_attr and both weights.
     """
     _check_inputs(query, key, value, edge_attr, layout, qk_norm, q_norm_weight, k_norm_weight)
     eps = resolve_eps(eps, query.dtype)
-    out, _ = torch.ops.gtnorm.graph_attention_forward(
+    out, _ = graph_attention_forward(
         query.contiguous(),
         key.contiguous(),
         value.contiguous(),

@@ -15,10 +15,10 @@ import triton
 from gtnorm._runtime import interpreter_active
 
 # Row slice (heads x padded channels) of one program: the forward keeps all heads of a node together up to
-# 1024 elements; the backward kernels hold more state per element (q, dO, two accumulators) and run best as
-# one-warp programs over 256-element slices.
+# 1024 elements; the backward kernels hold more state per element (q, dO, two accumulators, the prefetched
+# next edge) and run best as one-warp programs over 512-element slices.
 _FORWARD_ROW_SLICE = 1024
-_BACKWARD_ROW_SLICE = 256
+_BACKWARD_ROW_SLICE = 512
 # Nodes per backward program: the weight-gradient partials stay small (one fp32 row of C per program).
 _BACKWARD_NODES_PER_PROGRAM = 8
 

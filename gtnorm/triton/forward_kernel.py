@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from gtnorm.triton.tiles import (
-    gather_rows,
+    load_incoming_edge_rows,
     load_norm_weight,
     load_row,
     normalize_heads,
@@ -66,15 +66,13 @@ def graph_attention_forward_kernel(
     while e0 < end:
         pos = e0 + offs_e
         edge_mask = pos < end
-        src = tl.load(csc_src_ptr + pos, mask=edge_mask, other=0)
-        k = gather_rows(key_ptr, src, edge_mask, offsets, mask, row_len)
-        v = gather_rows(value_ptr, src, edge_mask, offsets, mask, row_len)
+        k, v, e, edge_id = load_incoming_edge_rows(
+            key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr, pos, end, offsets, mask, row_len,
+            HAS_EDGE_ATTR,
+        )  # fmt: skip
         k, rstd_k = normalize_heads(k, w_k, C, eps, QK_NORM)
-        if HAS_EDGE_ATTR:
-            edge_id = tl.load(csc_edge_id_ptr + pos, mask=edge_mask, other=0)
-            e = gather_rows(edge_attr_ptr, edge_id, edge_mask, offsets, mask, row_len)
-            k += e
-            v += e
+        k += e
+        v += e
         s = tl.sum(q[None, :, :] * k, axis=2)  # [BLOCK_E, BLOCK_H]
         s = tl.where(edge_mask[:, None], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=0))

@@ -55,6 +55,25 @@ def mask_if_valid(mask, node, num_nodes):
 
 
 @triton.jit
+def load_incoming_edge_rows(
+    key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr, pos, end, offsets, mask, row_len,
+    HAS_EDGE_ATTR: tl.constexpr,
+):
+    """k, v and e rows [BLOCK_E, BLOCK_H, BLOCK_C] of the edges at CSC positions pos (< end), and their
+    caller's edge ids; e = 0 without edge features."""
+    edge_mask = pos < end
+    src = tl.load(csc_src_ptr + pos, mask=edge_mask, other=0)
+    k = gather_rows(key_ptr, src, edge_mask, offsets, mask, row_len)
+    v = gather_rows(value_ptr, src, edge_mask, offsets, mask, row_len)
+    edge_id = tl.load(csc_edge_id_ptr + pos, mask=edge_mask, other=0)
+    if HAS_EDGE_ATTR:
+        e = gather_rows(edge_attr_ptr, edge_id, edge_mask, offsets, mask, row_len)
+    else:
+        e = tl.zeros_like(k)
+    return k, v, e, edge_id
+
+
+@triton.jit
 def load_norm_weight(ptr, C, HAS_WEIGHT: tl.constexpr, BLOCK_C: tl.constexpr):
     """The RMSNorm affine weight [C] as fp32 [BLOCK_C]; ones when the norm has no weight."""
     offs_c = tl.arange(0, BLOCK_C)

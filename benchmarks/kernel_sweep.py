@@ -1,0 +1,159 @@
+"""Developer sweep: per-kernel times and register counts of the attention kernels under launch settings.
+
+    python -m benchmarks.kernel_sweep [--graphs era_to_h h_to_h ...] [--settings default bwd_h4 ...]
+
+For each graph (bf16, H=16, C=64, qk_norm with affine weights) and each named setting, runs forward+backward
+under torch.profiler and prints the mean time of each kernel, its registers per thread and spills, and the
+forward / backward / total as % of the HBM floor (bytes that must move ÷ copy bandwidth measured in this
+run). Settings are overrides of ``gtnorm.triton.config.attention_launch_config``; the defaults live there.
+This is how the numbers in benchmarks/NOTES.md were taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+import triton
+from torch.profiler import ProfilerActivity, profile
+
+import gtnorm
+from benchmarks.graphs.catalog import load_graph
+from gtnorm.triton import config as launch_config
+from gtnorm.triton import ops
+
+KERNELS = {
+    "graph_attention_forward_kernel": "fwd",
+    "edge_softmax_backward_by_destination_kernel": "by_dst",
+    "edge_softmax_backward_by_source_kernel": "by_src",
+}
+
+
+def _backward_heads(block_h: int):
+    def change(cfg, num_heads):
+        launch = dataclasses.replace(cfg.by_destination, block_h=block_h, head_groups=triton.cdiv(num_heads, block_h))
+        return dataclasses.replace(cfg, by_destination=launch, by_source=launch)
+
+    return change
+
+
+def _forward_heads(block_h: int, num_warps: int):
+    def change(cfg, num_heads):
+        launch = dataclasses.replace(
+            cfg.forward, block_h=block_h, head_groups=triton.cdiv(num_heads, block_h), num_warps=num_warps
+        )
+        return dataclasses.replace(cfg, forward=launch)
+
+    return change
+
+
+SETTINGS = {
+    "default": lambda cfg, num_heads: cfg,
+    "bwd_h4": _backward_heads(4),
+    "bwd_h16": _backward_heads(16),
+    "fwd_h8w2": _forward_heads(8, 2),
+    "fwd_h16w8": _forward_heads(16, 8),
+}
+
+
+def copy_bandwidth(nbytes: int = 2**30) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def floor_bytes(n_src: int, n_dst: int, n_edges: int, row_bytes: int, index_bytes: int) -> tuple[int, int]:
+    """(forward, backward) bytes that must move: NOTES §4."""
+    forward = (2 * n_dst + 2 * n_src + n_edges) * row_bytes + index_bytes
+    backward = (3 * n_dst + 4 * n_src + 2 * n_edges) * row_bytes + index_bytes
+    return forward, backward
+
+
+def record_compiled_kernels() -> dict:
+    """Wraps the kernels' launch so the compiled kernel objects (with n_regs, n_spills) can be read back."""
+    compiled = {}
+    for name in KERNELS:
+        kernel = getattr(ops, name)
+        launch = kernel.run
+
+        def run(*args, _launch=launch, _name=name, **kwargs):
+            compiled[_name] = _launch(*args, **kwargs)
+            return compiled[_name]
+
+        kernel.run = run
+    return compiled
+
+
+def kernel_times(step, repeats: int = 5) -> dict[str, float]:
+    """Mean device time (ms) of each attention kernel over ``repeats`` calls of ``step``."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            step()
+        torch.cuda.synchronize()
+    times = {}
+    for event in prof.key_averages():
+        if event.key in KERNELS:
+            total = getattr(event, "device_time_total", None) or event.cuda_time_total
+            times[KERNELS[event.key]] = total / event.count / 1e3
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--graphs", nargs="+", default=["era_to_h", "h_to_h", "h_to_era", "dop_enc_large"])
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS))
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--channels", type=int, default=64)
+    args = parser.parse_args()
+    heads, channels, dtype = args.heads, args.channels, torch.bfloat16
+    bandwidth = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")
+    compiled = record_compiled_kernels()
+    default_config = launch_config.attention_launch_config
+    for name in args.graphs:
+        graph = load_graph(name)
+        layout = gtnorm.GraphLayout.from_edge_index(graph.edge_index.cuda(), (graph.num_src, graph.num_dst))
+        inputs = [
+            torch.randn(n, heads, channels, device="cuda", dtype=dtype).requires_grad_()
+            for n in (graph.num_dst, graph.num_src, graph.num_src, graph.num_edges)
+        ]
+        weights = [(1 + 0.1 * torch.randn(channels, device="cuda")).to(dtype).requires_grad_() for _ in range(2)]
+        grad_out = torch.randn(graph.num_dst, heads, channels, device="cuda", dtype=dtype)
+        fwd_bytes, bwd_bytes = floor_bytes(
+            graph.num_src, graph.num_dst, graph.num_edges, heads * channels * dtype.itemsize, layout.index_bytes()
+        )
+
+        def step(inputs=inputs, weights=weights, layout=layout, grad_out=grad_out):
+            for t in (*inputs, *weights):
+                t.grad = None
+            out = gtnorm.graph_transformer_attention(
+                *inputs, layout, qk_norm=True, q_norm_weight=weights[0], k_norm_weight=weights[1]
+            )
+            out.backward(grad_out)
+
+        for setting in args.settings:
+            change = SETTINGS[setting]
+            ops.attention_launch_config = lambda h, c, _change=change: _change(default_config(h, c), h)
+            step()
+            times = kernel_times(step)
+            fwd, bwd = times["fwd"], times["by_dst"] + times["by_src"]
+            regs = " ".join(
+                f"{short} {times[short]:.3f} ms (r{compiled[k].n_regs}, s{compiled[k].n_spills})"
+                for k, short in KERNELS.items()
+            )
+            print(
+                f"{name:14s} {setting:10s} {regs} | floor: fwd {100 * fwd_bytes / bandwidth / (fwd * 1e-3):.0f}%"
+                f" bwd {100 * bwd_bytes / bandwidth / (bwd * 1e-3):.0f}%"
+                f" total {100 * (fwd_bytes + bwd_bytes) / bandwidth / ((fwd + bwd) * 1e-3):.0f}%",
+                flush=True,
+            )
+        ops.attention_launch_config = default_config
+        del inputs, weights, grad_out, layout
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

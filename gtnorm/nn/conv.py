@@ -1,0 +1,301 @@
+"""GraphTransformerConv: Anemoi's graph-transformer message passing, with optional RMSNorm on query and key,
+running the fused Triton kernels where they can run and the PyG reference elsewhere.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gtnorm._runtime import triton_can_run_on
+from gtnorm.nn.reference import reference_graph_transformer_attention
+from gtnorm.rmsnorm.module import RMSNorm
+from gtnorm.triton.attention import graph_transformer_attention
+from gtnorm.triton.layout import GraphLayout
+
+BACKENDS = ("auto", "triton", "pyg")
+
+
+class GraphTransformerConv(torch.nn.Module):
+    """Graph-transformer attention over the edges of a (bipartite) graph, per head::
+
+        q' = q_norm(q), k' = k_norm(k)                    (RMSNorm over C, weight [C] shared by the heads)
+        out_i = sum_{j -> i} softmax_j(<q'_i, k'_j + e_ij> / sqrt(C)) (v_j + e_ij)
+
+    A drop-in for the message-passing part of Anemoi's ``GraphTransformerConv`` (``out_channels`` is the
+    channel count per head, C); the projections to query/key/value/edge features stay with the caller.
+
+    Args:
+        out_channels: channels per head (C).
+        qk_norm: apply RMSNorm (learnable weight [C], ones at init) to query and key. The norms are the
+            submodules ``q_norm`` and ``k_norm`` (state_dict keys ``q_norm.weight``, ``k_norm.weight``).
+        eps: the norms' epsilon; None means what torch.nn.RMSNorm does (float32's epsilon).
+        backend: ``"triton"``: the fused Triton kernels (norms applied inside them); ``"pyg"``: torch's RMSNorm
+            then the PyG reference; ``"auto"``: Triton exactly where it can run on the query's device
+            (``gtnorm._runtime.triton_can_run_on``: CUDA tensors, or CPU tensors when ``TRITON_INTERPRET=1``
+            is set, i.e. under the interpreter), PyG elsewhere. Both backends compute the same function
+            from the same parameters, so a state_dict moves between them unchanged.
+
+    The Triton backend needs a :class:`gtnorm.GraphLayout` of the graph. It is built on first sight of an
+    ``edge_index`` tensor and reused while that same tensor is alive and unmodified; see
+    :class:`LayoutCache`. Pass the same edge_index tensor (e.g. a registered buffer) every step to build once.
+    """
+
+    def __init__(self, out_channels: int, qk_norm: bool = False, eps: float | None = None, backend: str = "auto"):
+        super().__init__()
+        if isinstance(out_channels, bool) or not isinstance(out_channels, int) or out_channels <= 0:
+            raise ValueError(f"out_channels must be a positive int (channels per head), got {out_channels!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.out_channels = out_channels
+        self.qk_norm = bool(qk_norm)
+        self.backend = backend
+        if self.qk_norm:
+            self.q_norm = RMSNorm(out_channels, eps=eps)
+            self.k_norm = RMSNorm(out_channels, eps=eps)
+        else:
+            # Registered as None: the attributes exist, and the state_dict has no norm keys.
+            self.register_module("q_norm", None)
+            self.register_module("k_norm", None)
+
+    def extra_repr(self) -> str:
+        return f"out_channels={self.out_channels}, qk_norm={self.qk_norm}, backend={self.backend!r}"
+
+    def forward(
+        self,
+        query: Tensor,  # [N_dst, H, C]
+        key: Tensor,  # [N_src, H, C]
+        value: Tensor,  # [N_src, H, C]
+        edge_attr: Tensor | None,  # [M, H, C], in edge_index's order
+        edge_index: Tensor,  # [2, M] int64/int32: row 0 = source, row 1 = destination
+        size: tuple[int, int] | None = None,  # (N_src, N_dst); None: a square graph of query.shape[0] nodes
+    ) -> Tensor:  # [N_dst, H, C]
+        num_src, num_dst = self._check_inputs(query, key, value, edge_attr, edge_index, size)
+        if self._uses_triton(query.device):
+            return self._forward_triton(query, key, value, edge_attr, edge_index, num_src, num_dst)
+        return self._forward_pyg(query, key, value, edge_attr, edge_index, num_src, num_dst)
+
+    def _uses_triton(self, device: torch.device) -> bool:
+        can_run = triton_can_run_on(device)
+        if self.backend == "triton" and not can_run:
+            hint = " (on the CPU they run only under TRITON_INTERPRET=1)" if device.type == "cpu" else ""
+            raise RuntimeError(
+                f"GraphTransformerConv(backend='triton'): the Triton kernels cannot run on {device} tensors here"
+                f"{hint}; use backend='auto' or 'pyg' to fall back to the PyG path"
+            )
+        return self.backend == "triton" or (self.backend == "auto" and can_run)
+
+    def _forward_triton(self, query, key, value, edge_attr, edge_index, num_src, num_dst) -> Tensor:
+        eps = self._norm_eps()
+        layout = _LAYOUT_CACHE.get(edge_index, num_src, num_dst)
+        # The norms run inside the kernels (fused): they are not applied here.
+        q_weight = self.q_norm.weight if self.qk_norm else None
+        k_weight = self.k_norm.weight if self.qk_norm else None
+        return graph_transformer_attention(
+            query, key, value, edge_attr, layout,
+            qk_norm=self.qk_norm, q_norm_weight=q_weight, k_norm_weight=k_weight, eps=eps,
+        )  # fmt: skip
+
+    def _forward_pyg(self, query, key, value, edge_attr, edge_index, num_src, num_dst) -> Tensor:
+        # The Triton path range-checks indices while building its layout; PyG would fail inside a scatter
+        # (or with a device-side assert on CUDA), so check here for the same clear error on both paths.
+        _check_index_range(edge_index, num_src, num_dst)
+        if self.qk_norm:
+            # torch's own RMSNorm math, whatever gtnorm.RMSNorm.forward would dispatch to.
+            channels = (self.out_channels,)
+            query = F.rms_norm(query, channels, self.q_norm.weight, self.q_norm.eps)
+            key = F.rms_norm(key, channels, self.k_norm.weight, self.k_norm.eps)
+        return reference_graph_transformer_attention(query, key, value, edge_attr, edge_index, size=(num_src, num_dst))
+
+    def _norm_eps(self) -> float | None:
+        if not self.qk_norm:
+            return None
+        # The kernels take one epsilon for both norms.
+        if self.q_norm.eps != self.k_norm.eps:
+            raise ValueError(
+                f"q_norm.eps ({self.q_norm.eps}) and k_norm.eps ({self.k_norm.eps}) differ; the fused kernels "
+                "take one eps for both"
+            )
+        return self.q_norm.eps
+
+    def _check_inputs(self, query, key, value, edge_attr, edge_index, size) -> tuple[int, int]:
+        """The layer's own checks, the same for both backends, before any work; returns (N_src, N_dst).
+
+        Index ranges are checked on the way (by GraphLayout or _check_index_range); dtypes the kernels do
+        not support are refused by graph_transformer_attention.
+        """
+        named = {"query": query, "key": key, "value": value}
+        if edge_attr is not None:
+            named["edge_attr"] = edge_attr
+        for name, tensor in named.items():
+            if not isinstance(tensor, Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+            if tensor.dim() != 3:
+                raise ValueError(f"{name} must have shape [num_nodes, heads, channels], got {list(tensor.shape)}")
+            if not tensor.is_floating_point():
+                raise TypeError(f"{name} must be a floating-point tensor, got {tensor.dtype}")
+
+        heads, channels = query.shape[1:]
+        if channels != self.out_channels:
+            raise ValueError(f"query has {channels} channels per head, but out_channels={self.out_channels}")
+        for name, tensor in named.items():
+            if tuple(tensor.shape[1:]) != (heads, channels):
+                raise ValueError(
+                    f"{name} has {tensor.shape[1]} heads x {tensor.shape[2]} channels, query has {heads} x {channels}"
+                )
+            if tensor.dtype != query.dtype:
+                raise TypeError(f"{name} has dtype {tensor.dtype}, query has {query.dtype}")
+            if tensor.device != query.device:
+                raise ValueError(f"{name} is on {tensor.device}, query is on {query.device}")
+        if key.shape[0] != value.shape[0]:
+            raise ValueError(f"key has {key.shape[0]} nodes, value has {value.shape[0]}: both are the source nodes")
+
+        if not isinstance(edge_index, Tensor):
+            raise TypeError(f"edge_index must be a torch.Tensor [2, num_edges], got {type(edge_index).__name__}")
+        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+            raise ValueError(f"edge_index must have shape [2, num_edges], got {list(edge_index.shape)}")
+        if edge_index.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"edge_index must be int64 or int32, got {edge_index.dtype}")
+        if edge_index.device != query.device:
+            raise ValueError(f"edge_index is on {edge_index.device}, query is on {query.device}")
+        num_edges = edge_index.shape[1]
+        if edge_attr is not None and edge_attr.shape[0] != num_edges:
+            raise ValueError(f"edge_attr has {edge_attr.shape[0]} rows, edge_index has {num_edges} edges")
+
+        if self.qk_norm:
+            for name, norm in (("q_norm", self.q_norm), ("k_norm", self.k_norm)):
+                if norm.weight is not None and norm.weight.device != query.device:
+                    raise ValueError(
+                        f"{name}.weight is on {norm.weight.device}, query is on {query.device} (move the module "
+                        "with .to())"
+                    )
+
+        num_src, num_dst = _resolve_size(size, key.shape[0], query.shape[0])
+        return num_src, num_dst
+
+
+def _resolve_size(size, num_key_nodes: int, num_query_nodes: int) -> tuple[int, int]:
+    if size is None:
+        if num_key_nodes != num_query_nodes:
+            raise ValueError(
+                f"key has {num_key_nodes} nodes and query has {num_query_nodes}: for a bipartite graph pass "
+                "size=(num_src, num_dst)"
+            )
+        return num_query_nodes, num_query_nodes
+    if not isinstance(size, Sequence) or len(size) != 2 or any(isinstance(n, bool) for n in size):
+        raise ValueError(f"size must be (num_src, num_dst) or None, got {size!r}")
+    try:
+        num_src, num_dst = (operator.index(n) for n in size)
+    except TypeError:
+        raise ValueError(f"size must hold two ints (num_src, num_dst), got {size!r}") from None
+    if num_src != num_key_nodes:
+        raise ValueError(f"size says {num_src} source nodes, key and value have {num_key_nodes}")
+    if num_dst != num_query_nodes:
+        raise ValueError(f"size says {num_dst} destination nodes, query has {num_query_nodes}")
+    return num_src, num_dst
+
+
+def _check_index_range(edge_index: Tensor, num_src: int, num_dst: int) -> None:
+    if edge_index.shape[1] == 0:
+        return
+    # One device sync for all four bounds.
+    lo_src, hi_src, lo_dst, hi_dst = torch.stack(
+        [edge_index[0].min(), edge_index[0].max(), edge_index[1].min(), edge_index[1].max()]
+    ).tolist()
+    if min(lo_src, lo_dst) < 0:
+        raise ValueError("edge_index holds negative node indices")
+    if hi_src >= num_src:
+        raise ValueError(f"edge_index[0] (source) holds index {hi_src}, but there are {num_src} source nodes")
+    if hi_dst >= num_dst:
+        raise ValueError(f"edge_index[1] (destination) holds index {hi_dst}, but there are {num_dst} destination nodes")
+
+
+@dataclass(eq=False)
+class _CacheEntry:
+    edge_index_ref: weakref.ref  # the edge_index the layout was built from
+    layout: GraphLayout
+
+
+class LayoutCache:
+    """A small LRU of GraphLayouts, keyed on the identity and version of the edge_index they came from.
+
+    Shared by all GraphTransformerConv modules: a layout depends on the graph only, so the blocks of a processor
+    that all see one edge_index build one layout between them, and encoder, processor and decoder graphs each
+    keep their own entry.
+
+    A hit needs the same memory (data_ptr), shape, strides, dtype and device, the same version counter (an
+    in-place write to edge_index or a view of it bumps it), the same (N_src, N_dst), and the edge_index tensor
+    the layout was built from still alive. The last condition is what makes a data_ptr key safe: while that
+    tensor lives its memory cannot be handed to a new tensor, and once it has died its entry is never hit
+    (and is dropped at the next lookup), so a new graph allocated at the same address is never served an old
+    layout. The price: an edge_index rebuilt every step (e.g. a fresh ``torch.cat``) gets a new layout every
+    step.
+
+    Not cached (built on every call): inference tensors (created under torch.inference_mode), which have no
+    version counter. Writes that bypass the version counter (through ``.data`` or from outside torch) are not
+    seen; call :meth:`clear` after such writes.
+    """
+
+    def __init__(self, max_entries: int = 8):
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple, _CacheEntry] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    @torch.compiler.disable  # data_ptr, weakrefs and the layout build are eager-only work
+    def get(self, edge_index: Tensor, num_src: int, num_dst: int) -> GraphLayout:
+        if edge_index.is_inference():
+            return GraphLayout.from_edge_index(edge_index, (num_src, num_dst))
+        key = (
+            edge_index.data_ptr(),
+            tuple(edge_index.shape),
+            edge_index.stride(),
+            edge_index.dtype,
+            edge_index.device,
+            edge_index._version,
+            num_src,
+            num_dst,
+        )
+        with self._lock:
+            self._drop_dead_entries()
+            entry = self._entries.get(key)
+            if entry is not None and entry.edge_index_ref() is not None:
+                self._entries.move_to_end(key)
+                return entry.layout
+
+        # Built outside the lock: two threads meeting a new graph at once both build it, harmlessly.
+        layout = GraphLayout.from_edge_index(edge_index, (num_src, num_dst))
+        with self._lock:
+            self._entries[key] = _CacheEntry(weakref.ref(edge_index), layout)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return layout
+
+    def _drop_dead_entries(self) -> None:
+        # Layouts of graphs whose edge_index has died can never be hit again: free their memory now, before
+        # a new layout is built. (Done here rather than in a weakref callback, which could run mid-update.)
+        for key in [k for k, entry in self._entries.items() if entry.edge_index_ref() is None]:
+            del self._entries[key]
+
+
+_LAYOUT_CACHE = LayoutCache()
+
+
+def clear_layout_cache() -> None:
+    """Drop every cached GraphLayout (e.g. after writing to an edge_index behind torch's version counter)."""
+    _LAYOUT_CACHE.clear()
