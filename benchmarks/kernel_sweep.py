@@ -48,8 +48,16 @@ def _forward_heads(block_h: int, num_warps: int):
     return change
 
 
+def _nodes_per_program(count: int):
+    return lambda cfg, num_heads: dataclasses.replace(cfg, nodes_per_program=count)
+
+
 SETTINGS = {
     "default": lambda cfg, num_heads: cfg,
+    "npp2": _nodes_per_program(2),
+    "npp4": _nodes_per_program(4),
+    "npp16": _nodes_per_program(16),
+    "npp32": _nodes_per_program(32),
     "bwd_h4": _backward_heads(4),
     "bwd_h16": _backward_heads(16),
     "fwd_h8w2": _forward_heads(8, 2),

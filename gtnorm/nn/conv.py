@@ -19,7 +19,7 @@ from gtnorm._runtime import triton_can_run_on
 from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.rmsnorm.module import RMSNorm
 from gtnorm.triton.attention import graph_transformer_attention
-from gtnorm.triton.layout import GraphLayout
+from gtnorm.triton.layout import GraphLayout, check_edge_index
 
 BACKENDS = ("auto", "triton", "pyg")
 
@@ -107,7 +107,7 @@ class GraphTransformerConv(torch.nn.Module):
     def _forward_pyg(self, query, key, value, edge_attr, edge_index, num_src, num_dst) -> Tensor:
         # The Triton path range-checks indices while building its layout; PyG would fail inside a scatter
         # (or with a device-side assert on CUDA), so check here for the same clear error on both paths.
-        _check_index_range(edge_index, num_src, num_dst)
+        check_edge_index(edge_index, (num_src, num_dst))
         if self.qk_norm:
             # torch's own RMSNorm math, whatever gtnorm.RMSNorm.forward would dispatch to.
             channels = (self.out_channels,)
@@ -129,7 +129,7 @@ class GraphTransformerConv(torch.nn.Module):
     def _check_inputs(self, query, key, value, edge_attr, edge_index, size) -> tuple[int, int]:
         """The layer's own checks, the same for both backends, before any work; returns (N_src, N_dst).
 
-        Index ranges are checked on the way (by GraphLayout or _check_index_range); dtypes the kernels do
+        Index ranges are checked on the way (by GraphLayout or check_edge_index); dtypes the kernels do
         not support are refused by graph_transformer_attention.
         """
         named = {"query": query, "key": key, "value": value}
@@ -201,21 +201,6 @@ def _resolve_size(size, num_key_nodes: int, num_query_nodes: int) -> tuple[int, 
     if num_dst != num_query_nodes:
         raise ValueError(f"size says {num_dst} destination nodes, query has {num_query_nodes}")
     return num_src, num_dst
-
-
-def _check_index_range(edge_index: Tensor, num_src: int, num_dst: int) -> None:
-    if edge_index.shape[1] == 0:
-        return
-    # One device sync for all four bounds.
-    lo_src, hi_src, lo_dst, hi_dst = torch.stack(
-        [edge_index[0].min(), edge_index[0].max(), edge_index[1].min(), edge_index[1].max()]
-    ).tolist()
-    if min(lo_src, lo_dst) < 0:
-        raise ValueError("edge_index holds negative node indices")
-    if hi_src >= num_src:
-        raise ValueError(f"edge_index[0] (source) holds index {hi_src}, but there are {num_src} source nodes")
-    if hi_dst >= num_dst:
-        raise ValueError(f"edge_index[1] (destination) holds index {hi_dst}, but there are {num_dst} destination nodes")
 
 
 @dataclass(eq=False)

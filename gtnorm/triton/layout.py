@@ -61,33 +61,9 @@ class GraphLayout:
         ``num_nodes`` is ``(num_src, num_dst)`` for a bipartite graph, one int for a square one, or None to
         take ``max index + 1`` over both rows (PyG's rule for square graphs).
         """
-        if not isinstance(edge_index, torch.Tensor):
-            raise TypeError(f"edge_index must be a torch.Tensor, got {type(edge_index).__name__}")
-        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-            raise ValueError(f"edge_index must have shape [2, num_edges], got {list(edge_index.shape)}")
-        if edge_index.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"edge_index must be int64 or int32, got {edge_index.dtype}")
-        num_edges = edge_index.shape[1]
-        if num_edges > _INT32_MAX:
-            raise ValueError(f"edge_index has {num_edges} edges; at most 2**31 - 1 are supported")
-
+        num_src, num_dst = check_edge_index(edge_index, num_nodes)
         src, dst = edge_index[0].long(), edge_index[1].long()
-        if num_edges > 0:
-            # One device sync for all four bounds.
-            lo_src, hi_src, lo_dst, hi_dst = torch.stack([src.min(), src.max(), dst.min(), dst.max()]).tolist()
-        else:
-            lo_src = lo_dst = 0
-            hi_src = hi_dst = -1
-        num_src, num_dst = _resolve_num_nodes(num_nodes, max(hi_src, hi_dst) + 1)
-        if min(lo_src, lo_dst) < 0:
-            raise ValueError("edge_index holds negative node indices")
-        if hi_src >= num_src:
-            raise ValueError(f"edge_index[0] (source) holds index {hi_src}, but there are {num_src} source nodes")
-        if hi_dst >= num_dst:
-            raise ValueError(
-                f"edge_index[1] (destination) holds index {hi_dst}, but there are {num_dst} destination nodes"
-            )
-
+        num_edges = src.numel()
         csc_order = torch.argsort(dst, stable=True)
         csr_order = torch.argsort(src, stable=True)
         in_degree = torch.bincount(dst, minlength=num_dst)
@@ -105,6 +81,36 @@ class GraphLayout:
             csr_dst=dst[csr_order].int(),
             csr_edge_id=csr_order.int(),
         )
+
+
+def check_edge_index(
+    edge_index: torch.Tensor,  # [2, M]: row 0 = source, row 1 = destination
+    num_nodes: int | Sequence[int] | None = None,
+) -> tuple[int, int]:
+    """Checks type, shape and index range of ``edge_index`` (one device sync) and returns (num_src, num_dst),
+    resolving ``num_nodes`` as :meth:`GraphLayout.from_edge_index` documents."""
+    if not isinstance(edge_index, torch.Tensor):
+        raise TypeError(f"edge_index must be a torch.Tensor, got {type(edge_index).__name__}")
+    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise ValueError(f"edge_index must have shape [2, num_edges], got {list(edge_index.shape)}")
+    if edge_index.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"edge_index must be int64 or int32, got {edge_index.dtype}")
+    if edge_index.shape[1] > _INT32_MAX:
+        raise ValueError(f"edge_index has {edge_index.shape[1]} edges; at most 2**31 - 1 are supported")
+    if edge_index.shape[1] > 0:
+        src, dst = edge_index[0], edge_index[1]
+        lo_src, hi_src, lo_dst, hi_dst = torch.stack([src.min(), src.max(), dst.min(), dst.max()]).tolist()
+    else:
+        lo_src = lo_dst = 0
+        hi_src = hi_dst = -1
+    num_src, num_dst = _resolve_num_nodes(num_nodes, max(hi_src, hi_dst) + 1)
+    if min(lo_src, lo_dst) < 0:
+        raise ValueError("edge_index holds negative node indices")
+    if hi_src >= num_src:
+        raise ValueError(f"edge_index[0] (source) holds index {hi_src}, but there are {num_src} source nodes")
+    if hi_dst >= num_dst:
+        raise ValueError(f"edge_index[1] (destination) holds index {hi_dst}, but there are {num_dst} destination nodes")
+    return num_src, num_dst
 
 
 def _resolve_num_nodes(num_nodes, inferred: int) -> tuple[int, int]:

@@ -206,14 +206,15 @@ def test_functional_matches_module_and_takes_int_shape(device):
 @pytest.mark.parametrize(
     "make_x",
     [
-        lambda: torch.randn(12, 6, 10).transpose(0, 1),  # leading dims permuted
-        lambda: torch.randn(10, 7 * 2)[:, ::2],  # strided rows
-        lambda: torch.randn(9, 8).t(),  # the normalised dim itself strided
+        lambda device: torch.randn(12, 6, 10, device=device).transpose(0, 1),  # leading dims permuted
+        lambda device: torch.randn(10, 7 * 2, device=device)[:, ::2],  # strided rows
+        lambda device: torch.randn(9, 8, device=device).t(),  # the normalised dim itself strided
     ],
     ids=["transposed", "strided", "strided_last_dim"],
 )
 def test_non_contiguous_input(device, make_x):
-    x = make_x().to(device).requires_grad_()
+    # Made on the device: a copy from another device would come out contiguous.
+    x = make_x(device).requires_grad_()
     assert not x.is_contiguous()
     n_cols = x.shape[-1]
     weight = random_weight(n_cols, torch.float32).to(device).requires_grad_()

@@ -223,10 +223,10 @@ def test_result_does_not_depend_on_edge_order():
     out_s, grads_s = run_gtnorm(leaf_copies(inputs_shuffled, torch.float32, DEVICE), layout_of(shuffled), grad_out,
                                 True)
     # Summation order within a node follows the edge order, so the results agree to float32 rounding.
-    assert rel_error(out_s, out) < 1e-6
+    assert rel_error(out_s, out) < 1e-5
     grads_s["edge_attr"] = grads_s["edge_attr"][torch.argsort(perm.to(DEVICE))]
     for name in grads:
-        assert rel_error(grads_s[name], grads[name]) < 1e-6, name
+        assert rel_error(grads_s[name], grads[name]) < 1e-5, name
 
 
 def _op_args(graph, heads, channels, dtype, qk_norm=True, requires_grad=True):

@@ -1,0 +1,169 @@
+"""How the harness measures: median time, peak memory of one call, copy bandwidth and the HBM floor.
+
+On a GPU times come from CUDA events (``triton.testing.do_bench``: warm-up, L2 flush between calls, median).
+On the CPU, where Triton runs through its interpreter, a plain ``time.perf_counter`` loop stands in; those
+numbers only show that the harness works.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+import triton.testing
+
+T = TypeVar("T")
+
+MIB = 2**20
+
+
+@dataclass
+class Measurement:
+    """One variant in one mode (forward, or forward+backward). ``status`` is "ok", "OOM", "error: ..." or
+    "skipped: ..."; the numbers are None unless it is "ok" (memory is None on the CPU as well)."""
+
+    status: str = "ok"
+    ms: float | None = None
+    peak_mib: float | None = None  # torch.cuda.max_memory_allocated during one call: inputs included
+    extra_mib: float | None = None  # that peak minus what was allocated just before the call (inputs, dO, ...)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    warmup_ms: float = 25.0  # GPU: do_bench's warm-up budget
+    rep_ms: float = 100.0  # GPU: do_bench's measuring budget (it picks the number of calls from it)
+    cpu_reps: int = 1  # CPU: timed calls (no warm-up)
+
+
+def guarded(fn: Callable[[], T]) -> tuple[T | None, str]:
+    """(fn(), "ok"), or (None, why) when it raises, so that one failing variant does not end the run: running
+    out of GPU memory gives "OOM" (also when torch.compile wraps it), anything else "error: <type>: <message>"."""
+    try:
+        return fn(), "ok"
+    except Exception as exc:  # noqa: BLE001 - any failure is a result to report
+        if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower():
+            return None, "OOM"
+        message = (str(exc).strip().splitlines() or [""])[0][:200]
+        return None, f"error: {type(exc).__name__}: {message}"
+
+
+def free_memory() -> None:
+    """Gives back what the last variant left (cached blocks, compiled graphs' buffers) before the next one."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def clear_grads(tensors: Sequence[torch.Tensor]) -> None:
+    for t in tensors:
+        t.grad = None
+
+
+def measure_call(
+    fn: Callable[[], object], device: torch.device, settings: TimingSettings, leaves: Sequence[torch.Tensor]
+) -> Measurement:
+    """Time and peak memory of ``fn``, or why there are none ("OOM", "error: ..."). ``leaves`` are the tensors
+    that receive gradients: set to None before every call, so that forward+backward is timed without the
+    accumulation into existing .grad tensors, and after the last one, so no gradient outlives the measurement.
+    """
+
+    def measure() -> Measurement:
+        if device.type != "cuda":
+            # The interpreter compiles nothing worth leaving out, and each call takes seconds: no warm-up.
+            return Measurement("ok", _cpu_median_ms(fn, settings.cpu_reps, leaves))
+        fn()  # Triton and torch.compile compile here; errors surface before anything is timed
+        peak, extra = _peak_memory_mib(fn, device, leaves)
+        ms = triton.testing.do_bench(
+            fn, warmup=settings.warmup_ms, rep=settings.rep_ms, grad_to_none=list(leaves), return_mode="median"
+        )
+        return Measurement("ok", ms, peak, extra)
+
+    measured, status = guarded(measure)
+    clear_grads(leaves)
+    return measured if measured is not None else Measurement(status)
+
+
+def _cpu_median_ms(fn: Callable[[], object], reps: int, leaves: Sequence[torch.Tensor] = ()) -> float:
+    times = []
+    for _ in range(max(reps, 1)):
+        clear_grads(leaves)
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def _peak_memory_mib(
+    fn: Callable[[], object], device: torch.device, leaves: Sequence[torch.Tensor]
+) -> tuple[float, float]:
+    """(peak, extra) MiB of one call: the allocator's high-water mark, and that mark minus the memory already
+    allocated before the call (the inputs, dO, the layout, ...)."""
+    clear_grads(leaves)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    clear_grads(leaves)
+    return peak / MIB, (peak - before) / MIB
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting the bytes read plus the bytes written.
+
+    A 1 GiB copy on the GPU (far past L2, so it measures HBM); 64 MiB on the CPU. Median of several copies.
+    """
+    nbytes = 2**30 if device.type == "cuda" else 64 * MIB
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    copy = lambda: dst.copy_(src)
+    copy()  # first touch of dst's pages
+    if device.type == "cuda":
+        ms = triton.testing.do_bench(copy, warmup=25, rep=200, return_mode="median")
+    else:
+        ms = _cpu_median_ms(copy, reps=5)
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def hbm_floor_bytes(layout, row_bytes: int) -> tuple[int, int]:
+    """Bytes the op cannot avoid moving, every tensor it reads or writes once: (forward, forward + backward).
+
+    ``layout`` is the graph's gtnorm.GraphLayout; ``row_bytes`` = H * C * element size (one node's or edge's
+    features).
+    forward:  read q [N_dst], k, v [N_src], e [M]; write out [N_dst]; read the by-destination index arrays.
+    backward: read q, dO [N_dst], k, v [N_src], e [M]; write dq [N_dst], dk, dv [N_src], de [M]; read the index
+              arrays of both orders (by destination, by source).
+    The norm weights ([C]) and per-row statistics are negligible next to these and left out. Gathering k, v (and
+    q, dO in the backward) once per edge rather than once per node is extra traffic the floor ignores: the L2
+    cache decides how much of it reaches HBM.
+    """
+    nbytes = lambda *tensors: sum(t.numel() * t.element_size() for t in tensors)
+    by_destination = nbytes(layout.dst_offsets, layout.csc_src, layout.csc_edge_id)
+    by_source = nbytes(layout.src_offsets, layout.csr_dst, layout.csr_edge_id)
+    n_src, n_dst, n_edges = layout.num_src, layout.num_dst, layout.num_edges
+    forward = (2 * n_dst + 2 * n_src + n_edges) * row_bytes + by_destination
+    backward = (3 * n_dst + 4 * n_src + 2 * n_edges) * row_bytes + by_destination + by_source
+    return forward, forward + backward
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor, chunk_rows: int = 2**16) -> float:
+    """‖actual − expected‖ / ‖expected‖, summed in fp64 over row chunks: no full-size fp64 copy of a multi-GB
+    edge tensor is ever made."""
+    diff_sq = ref_sq = 0.0
+    for a, e in zip(actual.split(chunk_rows), expected.split(chunk_rows), strict=True):
+        a, e = a.double(), e.double()
+        diff_sq += float((a - e).square().sum())
+        ref_sq += float(e.square().sum())
+    if ref_sq == 0.0:
+        return 0.0 if diff_sq == 0.0 else float("inf")
+    return (diff_sq / ref_sq) ** 0.5

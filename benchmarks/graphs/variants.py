@@ -1,0 +1,146 @@
+"""The five ways of computing RMSNorm on q and k followed by graph-transformer attention that the benchmark
+compares, all on the same inputs and the same norm weights."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+import gtnorm
+from gtnorm.nn.reference import reference_graph_transformer_attention
+
+VARIANTS = ("pyg", "pyg_compiled", "unfused", "unfused_compiled_norm", "fused")
+COMPILED_VARIANTS = frozenset({"pyg_compiled", "unfused_compiled_norm"})
+DESCRIPTIONS = {
+    "pyg": "torch.nn.RMSNorm on q, k + the PyG MessagePassing of GraphTransformerConv(backend='pyg'), eager",
+    "pyg_compiled": "the pyg variant under torch.compile",
+    "unfused": "gtnorm.rms_norm on q, k + gtnorm.graph_transformer_attention(qk_norm=False)",
+    "unfused_compiled_norm": "torch.compile'd F.rms_norm on q, k + gtnorm.graph_transformer_attention(qk_norm=False)",
+    "fused": "gtnorm.graph_transformer_attention(qk_norm=True): RMSNorm inside the attention kernels",
+}
+
+
+@dataclass
+class BenchInputs:
+    """One graph's inputs. q, k, v, e and the norm weights are leaves that require grad."""
+
+    query: Tensor  # [N_dst, H, C]
+    key: Tensor  # [N_src, H, C]
+    value: Tensor  # [N_src, H, C]
+    edge_attr: Tensor  # [M, H, C], in edge_index order
+    q_norm_weight: Tensor  # [C]
+    k_norm_weight: Tensor  # [C]
+    grad_out: Tensor  # [N_dst, H, C]: the fixed upstream gradient of every backward
+    edge_index: Tensor  # [2, M] int64, row 0 = source, row 1 = destination
+    layout: gtnorm.GraphLayout  # built once per graph, outside every timed region (as in training)
+    eps: float
+
+    @property
+    def num_src(self) -> int:
+        return self.key.shape[0]
+
+    @property
+    def num_dst(self) -> int:
+        return self.query.shape[0]
+
+    @property
+    def channels(self) -> int:
+        return self.query.shape[2]
+
+    def nbytes(self) -> int:
+        """Memory the inputs hold (tensors, edge_index, layout): what every variant finds already allocated."""
+        tensors = [getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)]
+        layout = [getattr(self.layout, f.name) for f in fields(self.layout)]
+        return sum(t.numel() * t.element_size() for t in tensors + layout if isinstance(t, Tensor))
+
+
+def make_inputs(
+    graph, heads: int, channels: int, dtype: torch.dtype, device: torch.device, eps: float, seed: int = 0
+) -> BenchInputs:
+    """Random q, k, v, e, upstream gradient, and norm weights 1 + 0.1 * randn (not ones: a weight that does
+    nothing would hide a kernel that ignores it)."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape: int, grad: bool = True) -> Tensor:
+        return torch.randn(*shape, generator=generator, device=device, dtype=dtype).requires_grad_(grad)
+
+    def norm_weight() -> Tensor:
+        w = 1 + 0.1 * torch.randn(channels, generator=generator, device=device, dtype=torch.float32)
+        return w.to(dtype).requires_grad_()
+
+    edge_index = graph.edge_index.to(device=device, dtype=torch.int64)
+    return BenchInputs(
+        query=randn(graph.num_dst, heads, channels),
+        key=randn(graph.num_src, heads, channels),
+        value=randn(graph.num_src, heads, channels),
+        edge_attr=randn(graph.num_edges, heads, channels),
+        q_norm_weight=norm_weight(),
+        k_norm_weight=norm_weight(),
+        grad_out=randn(graph.num_dst, heads, channels, grad=False),
+        edge_index=edge_index,
+        layout=gtnorm.GraphLayout.from_edge_index(edge_index, num_nodes=(graph.num_src, graph.num_dst)),
+        eps=eps,
+    )
+
+
+def cast_inputs(inputs: BenchInputs, dtype: torch.dtype) -> BenchInputs:
+    """The same values in another dtype, as fresh leaves (the fp32 reference of the accuracy check)."""
+
+    def cast(t: Tensor) -> Tensor:
+        return t.detach().to(dtype).requires_grad_(t.requires_grad)
+
+    tensors = ("query", "key", "value", "edge_attr", "q_norm_weight", "k_norm_weight", "grad_out")
+    return BenchInputs(
+        **{name: cast(getattr(inputs, name)) for name in tensors},
+        edge_index=inputs.edge_index,
+        layout=inputs.layout,
+        eps=inputs.eps,
+    )
+
+
+@dataclass
+class Variant:
+    name: str
+    forward: Callable[[], Tensor]  # returns out [N_dst, H, C]
+    # What receives gradients, in the order dq, dk, dv, de, dwq, dwk (pyg: its own RMSNorm modules' weights).
+    leaves: tuple[Tensor, ...]
+
+
+def build_variant(name: str, inputs: BenchInputs) -> Variant:
+    q, k, v, e, layout, eps = inputs.query, inputs.key, inputs.value, inputs.edge_attr, inputs.layout, inputs.eps
+    wq, wk, channels = inputs.q_norm_weight, inputs.k_norm_weight, (inputs.channels,)
+    if name in ("pyg", "pyg_compiled"):
+        # Anemoi's path: torch.nn.RMSNorm modules, then the PyG MessagePassing (no layer checks, no host syncs).
+        q_norm, k_norm = (torch.nn.RMSNorm(inputs.channels, eps=eps).to(device=q.device, dtype=q.dtype) for _ in "qk")
+        with torch.no_grad():
+            q_norm.weight.copy_(wq)
+            k_norm.weight.copy_(wk)
+        edge_index, size = inputs.edge_index, (inputs.num_src, inputs.num_dst)
+
+        def pyg_forward() -> Tensor:
+            return reference_graph_transformer_attention(q, k, v, e, edge_index, size, q_norm=q_norm, k_norm=k_norm)
+
+        # dynamic=False: kernels specialised to this graph's sizes, as a training run on one graph gets them.
+        forward = torch.compile(pyg_forward, dynamic=False) if name == "pyg_compiled" else pyg_forward
+        return Variant(name, forward, (q, k, v, e, q_norm.weight, k_norm.weight))
+
+    leaves = (q, k, v, e, wq, wk)
+    if name == "fused":
+        return Variant(
+            name,
+            lambda: gtnorm.graph_transformer_attention(
+                q, k, v, e, layout, qk_norm=True, q_norm_weight=wq, k_norm_weight=wk, eps=eps
+            ),
+            leaves,
+        )
+    if name == "unfused":
+        norm = lambda x, w: gtnorm.rms_norm(x, channels, w, eps)
+    elif name == "unfused_compiled_norm":
+        norm = torch.compile(lambda x, w: F.rms_norm(x, channels, w, eps), dynamic=False)
+    else:
+        raise ValueError(f"unknown variant {name!r}; expected one of {VARIANTS}")
+    return Variant(name, lambda: gtnorm.graph_transformer_attention(norm(q, wq), norm(k, wk), v, e, layout), leaves)

@@ -1,0 +1,81 @@
+"""Smoke test of the graph benchmark harness (benchmarks/graphs/run.py) on one small hand-made graph.
+
+On the CPU the kernels run through the Triton interpreter (tests/conftest.py sets it up), so the graph is
+kept to a few dozen nodes and every measurement to one call.
+"""
+
+import json
+
+import pytest
+import torch
+
+from benchmarks.graphs import run
+from benchmarks.graphs.accuracy import RESULT_NAMES, outputs_and_grads
+from benchmarks.graphs.catalog import BenchGraph
+from benchmarks.graphs.measure import relative_error
+from benchmarks.graphs.variants import COMPILED_VARIANTS, VARIANTS, cast_inputs, make_inputs
+from tests.conftest import DEVICE, HAS_CUDA
+
+NUM_SRC, NUM_DST = 14, 9
+
+
+def smoke_graph() -> BenchGraph:
+    """Bipartite, 1 to 4 incoming edges per destination, and one destination with none (its output is 0)."""
+    generator = torch.Generator().manual_seed(0)
+    dst = torch.arange(NUM_DST - 1).repeat_interleave(torch.arange(NUM_DST - 1) % 4 + 1)
+    src = torch.randint(0, NUM_SRC, dst.shape, generator=generator)
+    return BenchGraph("smoke", "encoder", torch.stack([src, dst]), NUM_SRC, NUM_DST, "test graph")
+
+
+def test_variants_compute_the_same_function():
+    """Every variant the harness can run here, wired to the same inputs and weights, matches fp32 PyG."""
+    inputs = make_inputs(smoke_graph(), heads=2, channels=16, dtype=torch.float32, device=DEVICE, eps=1e-5)
+    expected = outputs_and_grads("pyg", cast_inputs(inputs, torch.float64))
+    runnable = [v for v in VARIANTS if HAS_CUDA or v not in COMPILED_VARIANTS]
+    for variant in runnable:
+        actual = outputs_and_grads(variant, inputs)
+        for name in RESULT_NAMES:
+            error = relative_error(actual[name], expected[name])
+            assert error < 1e-4, f"{variant}: {name} relative error {error:.2e}"
+
+
+def test_cli_writes_results(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(run, "graph_names", lambda: ["smoke"])
+    monkeypatch.setattr(run, "load_graph", lambda name, **kwargs: smoke_graph())
+    argv = ["--graphs", "smoke", "--heads", "2", "--channels", "16", "--out", str(tmp_path)]
+    if HAS_CUDA:  # keep the GPU run short: no torch.compile, brief timing
+        argv += ["--variants", "pyg", "unfused", "fused", "--warmup-ms", "1", "--rep-ms", "5"]
+    run.main(argv)
+
+    printed = capsys.readouterr().out
+    results = json.loads((tmp_path / "results.json").read_text())
+    markdown = (tmp_path / "results.md").read_text()
+    assert (tmp_path / "results.png").stat().st_size > 0
+    assert "| smoke | fused |" in markdown and "| smoke | fused |" in printed
+
+    graph = results["graphs"][0]
+    assert (graph["num_src"], graph["num_dst"], graph["in_degree"]["min"]) == (NUM_SRC, NUM_DST, 0)
+    assert graph["floor"]["fwd_bytes"] < graph["floor"]["fwd_bwd_bytes"]
+    for name, modes in graph["variants"].items():
+        for mode, measured in modes.items():
+            if name in COMPILED_VARIANTS and not HAS_CUDA:
+                assert measured["status"].startswith("skipped"), (name, mode)
+            else:
+                assert measured["status"] == "ok" and measured["ms"] > 0, (name, mode, measured["status"])
+                assert (measured["peak_mib"] is not None) == HAS_CUDA
+    assert graph["fused_pct_of_floor"]["fwd_bwd"] > 0
+    assert graph["fused_speedup"]["pyg"]["fwd"] > 0
+
+    # bf16 rounds twice as coarsely as 2**-8; the check reports, so only a wiring mistake could exceed this.
+    for comparison, errors in graph["accuracy"].items():
+        assert isinstance(errors, dict), (comparison, errors)
+        assert max(errors.values()) < 5e-2, (comparison, errors)
+
+    not_performance = "NOT performance figures"
+    assert (not_performance in printed and not_performance in markdown) == (not HAS_CUDA)
+
+
+@pytest.mark.parametrize("argv", [["--graphs", "no_such_graph"], ["--variants", "no_such_variant"]])
+def test_cli_rejects_unknown_names(argv):
+    with pytest.raises(SystemExit):
+        run.parse_args(argv, on_gpu=False)
