@@ -2,11 +2,11 @@
 
     python -m benchmarks.kernel_sweep [--graphs era_to_h h_to_h ...] [--settings default bwd_h4 ...]
 
-For each graph (bf16, H=16, C=64, qk_norm with affine weights) and each named setting, runs forward+backward
-under torch.profiler and prints the mean time of each kernel, its registers per thread and spills, and the
-forward / backward / total as % of the HBM floor (bytes that must move ÷ copy bandwidth measured in this
-run). Settings are overrides of ``gtnorm.triton.config.attention_launch_config``; the defaults live there.
-This is how the numbers in benchmarks/NOTES.md were taken.
+For each graph (bf16, H=16, C=64, qk_norm with affine weights unless --no-qk-norm) and each named setting,
+runs forward+backward under torch.profiler and prints the mean time of each kernel, its registers per thread
+and spills, and the forward / backward / total as % of the HBM floor (bytes that must move ÷ copy bandwidth
+measured in this run). Settings are overrides of ``gtnorm.triton.config.attention_launch_config``; the
+defaults live there. This is how the numbers in benchmarks/NOTES.md were taken.
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS))
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--channels", type=int, default=64)
+    parser.add_argument("--no-qk-norm", action="store_true", help="the same kernels with qk_norm off")
     args = parser.parse_args()
     heads, channels, dtype = args.heads, args.channels, torch.bfloat16
     bandwidth = copy_bandwidth()
@@ -137,9 +138,8 @@ def main() -> None:
         def step(inputs=inputs, weights=weights, layout=layout, grad_out=grad_out):
             for t in (*inputs, *weights):
                 t.grad = None
-            out = gtnorm.graph_transformer_attention(
-                *inputs, layout, qk_norm=True, q_norm_weight=weights[0], k_norm_weight=weights[1]
-            )
+            norm = {} if args.no_qk_norm else dict(qk_norm=True, q_norm_weight=weights[0], k_norm_weight=weights[1])
+            out = gtnorm.graph_transformer_attention(*inputs, layout, **norm)
             out.backward(grad_out)
 
         for setting in args.settings:

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import torch
+import torch._functorch.config
 import torch.nn.functional as F
 import triton
 

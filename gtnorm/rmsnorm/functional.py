@@ -83,7 +83,7 @@ def rms_norm_backward_op(
     if x.numel() == 0:
         grad_weight = torch.zeros_like(weight) if has_weight else torch.empty(0, dtype=torch.float32, device=device)
         return grad_x, grad_weight
-    cfg = rms_norm_launch_config(n_rows, n_cols, x.dtype, device)
+    cfg = rms_norm_launch_config(n_rows, n_cols, x.dtype, device, backward=True)
     grad_weight_partial = _new_output((cfg.n_programs if has_weight else 0, n_cols), torch.float32, device)
     with _device_guard(device):
         rms_norm_backward_kernel[(cfg.n_programs,)](

@@ -162,7 +162,7 @@ def test_loops_over_row_blocks_with_a_partial_tail(monkeypatch, affine):
         monkeypatch.setattr(
             functional,
             "rms_norm_launch_config",
-            lambda n_rows, n_cols, dtype, device, n=n_programs: RMSNormLaunchConfig(
+            lambda n_rows, n_cols, dtype, device, backward=False, n=n_programs: RMSNormLaunchConfig(
                 block_m=2, block_c=8, num_warps=4, n_programs=n
             ),
         )
@@ -251,7 +251,7 @@ def _backward_results(x, weight, grad_y):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_backward_is_bitwise_deterministic(device, dtype):
     n_rows, n_cols = (300_000, 64) if HAS_CUDA else (600, 33)
-    cfg = rms_norm_launch_config(n_rows, n_cols, dtype, device)
+    cfg = rms_norm_launch_config(n_rows, n_cols, dtype, device, backward=True)
     assert 1 < cfg.n_programs < triton_cdiv(n_rows, cfg.block_m), "the test must span programs that loop"
     x = torch.randn(n_rows, n_cols, device=device, dtype=dtype)
     weight = random_weight(n_cols, dtype).to(device)
