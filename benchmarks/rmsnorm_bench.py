@@ -48,10 +48,6 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s; {args.dtype}, "
           f"M*C = 2^{args.elements_log2}")
     eps = 1e-6
-    variants = {
-        "gtnorm": lambda x, w: gtnorm.rms_norm(x, (x.shape[-1],), w, eps),
-        "torch.compile": torch.compile(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps)),
-    }
     rows = []
     print(f"{'C':>6} {'variant':14s} {'fwd ms':>8} {'fwd %bw':>8} {'bwd ms':>8} {'bwd %bw':>8}")
     for channels in args.channels:
@@ -60,6 +56,11 @@ def main() -> None:
         weight = (1 + 0.1 * torch.randn(channels, device="cuda")).to(dtype).requires_grad_()
         grad_y = torch.randn_like(x)
         tensor_bytes = x.numel() * x.element_size()
+        variants = {
+            "gtnorm": lambda x, w: gtnorm.rms_norm(x, (x.shape[-1],), w, eps),
+            # A fresh compile per size, specialised to it (a reused one would turn dynamic after the first C).
+            "torch.compile": torch.compile(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps), dynamic=False),
+        }
         for name, norm in variants.items():
             fwd, bwd = _timings(norm, x, weight, grad_y)
             row = dict(channels=channels, variant=name, fwd_ms=fwd, bwd_ms=bwd,
