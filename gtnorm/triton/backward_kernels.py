@@ -5,8 +5,9 @@ a_ij = softmax_j(s_ij), out_i = sum_j a_ij (v_j + e_ij), dO = dL/dout.
 
 Pass 1, by destination (one program walks NODES_PER_PROGRAM consecutive destination nodes):
     da_ij = <dO_i, v_j + e_ij>,   D_i = sum_j a_ij da_ij / sum_j a_ij   (= <dO_i, out_i>, from fp32 terms)
-    dq'_i = sum_j a_ij (da_ij - D_i) (k'_j + e_ij) / sqrt(C) = (A_i - D_i B_i) / sqrt(C)
-        with A_i = sum_j a_ij da_ij (k'_j + e_ij) and B_i = sum_j a_ij (k'_j + e_ij),
+    dq'_i = sum_j a_ij (da_ij - D_i) (k'_j + e_ij) / sqrt(C) = (A_i - (D_i - c_i) B_i) / sqrt(C)
+        with A_i = sum_j a_ij (da_ij - c_i) (k'_j + e_ij), B_i = sum_j a_ij (k'_j + e_ij) and any shift c_i
+        (the first edge's da: the terms then shrink to the spread of da),
     so a single sweep over the edges suffices and no copy of out is needed: nothing cancels in low
     precision, because D is never rebuilt from a rounded output. a_ij and da_ij go to fp32 scratch [M, H]
     (small next to e), D_i to [N_dst, H]. This is the only pass that reads the edge features.
@@ -113,7 +114,8 @@ def edge_softmax_backward_by_destination_kernel(
         d_out = load_row(grad_out_ptr, node, offsets, mask, row_len)
         lse = tl.load(lse_ptr + node.to(tl.int64) * H + offs_h, mask=head_mask, other=0.0)
 
-        delta = tl.zeros([BLOCK_H], tl.float32)
+        delta = tl.zeros([BLOCK_H], tl.float32)  # accumulates sum a (da - shift)
+        shift = tl.zeros([BLOCK_H], tl.float32)  # da of the node's first edge
         a_sum = tl.zeros([BLOCK_H], tl.float32)
         acc_a = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
         acc_b = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
@@ -140,7 +142,12 @@ def edge_softmax_backward_by_destination_kernel(
             s = tl.sum(q_scores[None, :, :] * k, axis=2)  # [BLOCK_E, BLOCK_H]
             a = tl.where(edge_mask[:, None], tl.exp2(s - lse[None, :]), 0.0)
             da = tl.sum(d_out[None, :, :] * v, axis=2)
-            a_da = a * da
+            # Accumulate a (da - c) with c = the first edge's da: A - D B is unchanged in exact arithmetic, but
+            # the terms shrink to the spread of da, so equal messages give exactly 0 and large norm weights do
+            # not magnify rounding into dq.
+            first = (e0 == start).to(tl.float32)
+            shift = first * tl.sum(tl.where(offs_e[:, None] == 0, da, 0.0), axis=0) + (1.0 - first) * shift
+            a_da = a * (da - shift[None, :])
             delta += tl.sum(a_da, axis=0)
             a_sum += tl.sum(a, axis=0)
             acc_a += tl.sum(a_da[:, :, None] * k, axis=0)
@@ -156,6 +163,7 @@ def edge_softmax_backward_by_destination_kernel(
         # sharp and a carries the rounding of large scores.
         delta = delta / tl.where(a_sum > 0.0, a_sum, 1.0)
         grad_q = (acc_a - delta[:, None] * acc_b) * sm_scale
+        delta += shift
         if QK_NORM:
             if HAS_Q_WEIGHT:
                 grad_w_q += tl.sum(grad_q * q_raw * rstd_q, axis=0)
