@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -46,3 +47,20 @@ def resolve_eps(eps: float | None, dtype: torch.dtype) -> float:
     if not eps >= 0.0:
         raise ValueError(f"eps must be a non-negative float, got {eps}")
     return float(eps)
+
+
+# Tests set this to fill every output and scratch buffer of the kernels with NaN before they run, so an element
+# a kernel forgets to write cannot pass by holding a stale value.
+POISON_OUTPUTS = False
+
+
+def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised buffer for a kernel to fill (NaN-filled while POISON_OUTPUTS is set)."""
+    if POISON_OUTPUTS:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def device_guard(device: torch.device):
+    """Triton launches on the current CUDA device: make it the tensors' one."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()

@@ -18,7 +18,7 @@ from torch import Tensor
 from gtnorm._runtime import triton_can_run_on
 from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.rmsnorm.module import RMSNorm
-from gtnorm.triton.attention import graph_transformer_attention
+from gtnorm.triton.attention import check_attention_tensors, graph_transformer_attention
 from gtnorm.triton.layout import GraphLayout, check_edge_index
 
 BACKENDS = ("auto", "triton", "pyg")
@@ -132,31 +132,10 @@ class GraphTransformerConv(torch.nn.Module):
         Index ranges are checked on the way (by GraphLayout or check_edge_index); dtypes the kernels do
         not support are refused by graph_transformer_attention.
         """
-        named = {"query": query, "key": key, "value": value}
-        if edge_attr is not None:
-            named["edge_attr"] = edge_attr
-        for name, tensor in named.items():
-            if not isinstance(tensor, Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-            if tensor.dim() != 3:
-                raise ValueError(f"{name} must have shape [num_nodes, heads, channels], got {list(tensor.shape)}")
-            if not tensor.is_floating_point():
-                raise TypeError(f"{name} must be a floating-point tensor, got {tensor.dtype}")
-
-        heads, channels = query.shape[1:]
+        check_attention_tensors(query, key, value, edge_attr)
+        channels = query.shape[2]
         if channels != self.out_channels:
             raise ValueError(f"query has {channels} channels per head, but out_channels={self.out_channels}")
-        for name, tensor in named.items():
-            if tuple(tensor.shape[1:]) != (heads, channels):
-                raise ValueError(
-                    f"{name} has {tensor.shape[1]} heads x {tensor.shape[2]} channels, query has {heads} x {channels}"
-                )
-            if tensor.dtype != query.dtype:
-                raise TypeError(f"{name} has dtype {tensor.dtype}, query has {query.dtype}")
-            if tensor.device != query.device:
-                raise ValueError(f"{name} is on {tensor.device}, query is on {query.device}")
-        if key.shape[0] != value.shape[0]:
-            raise ValueError(f"key has {key.shape[0]} nodes, value has {value.shape[0]}: both are the source nodes")
 
         if not isinstance(edge_index, Tensor):
             raise TypeError(f"edge_index must be a torch.Tensor [2, num_edges], got {type(edge_index).__name__}")

@@ -7,7 +7,6 @@ function reshapes around them, so autograd of the reshapes is torch's own.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 from collections.abc import Sequence
@@ -15,24 +14,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from gtnorm._runtime import check_dtype, check_triton_device, resolve_eps
+from gtnorm._runtime import check_dtype, check_triton_device, device_guard, new_output, resolve_eps
 from gtnorm.rmsnorm.config import MAX_FUSED_COLS, rms_norm_launch_config
 from gtnorm.rmsnorm.kernels import rms_norm_backward_kernel, rms_norm_forward_kernel
-
-# Tests set this to fill every output and scratch buffer with NaN before the kernels run, so an element a
-# kernel forgets to write cannot pass by holding a stale value.
-POISON_OUTPUTS = False
-
-
-def _new_output(shape, dtype, device) -> Tensor:
-    if POISON_OUTPUTS:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
-def _device_guard(device: torch.device):
-    # Triton launches on the current CUDA device; make it the tensors' one.
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 @torch.library.custom_op("gtnorm::rms_norm_forward", mutates_args=())
@@ -44,12 +28,12 @@ def rms_norm_forward_op(
     """Returns (y [n_rows, C] in x's dtype, rstd [n_rows] fp32)."""
     x = x.contiguous()
     n_rows, n_cols = x.shape
-    y = _new_output(x.shape, x.dtype, x.device)
-    rstd = _new_output((n_rows,), torch.float32, x.device)
+    y = new_output(x.shape, x.dtype, x.device)
+    rstd = new_output((n_rows,), torch.float32, x.device)
     if x.numel() == 0:
         return y, rstd
     cfg = rms_norm_launch_config(n_rows, n_cols, x.dtype, x.device)
-    with _device_guard(x.device):
+    with device_guard(x.device):
         rms_norm_forward_kernel[(cfg.n_programs,)](
             x, weight.contiguous() if weight is not None else x, y, rstd,
             n_rows, n_cols, eps,
@@ -78,14 +62,14 @@ def rms_norm_backward_op(
     x = x.contiguous()
     n_rows, n_cols = x.shape
     device = x.device
-    grad_x = _new_output(x.shape, x.dtype, device)
+    grad_x = new_output(x.shape, x.dtype, device)
     has_weight = weight is not None
     if x.numel() == 0:
         grad_weight = torch.zeros_like(weight) if has_weight else torch.empty(0, dtype=torch.float32, device=device)
         return grad_x, grad_weight
     cfg = rms_norm_launch_config(n_rows, n_cols, x.dtype, device, backward=True)
-    grad_weight_partial = _new_output((cfg.n_programs if has_weight else 0, n_cols), torch.float32, device)
-    with _device_guard(device):
+    grad_weight_partial = new_output((cfg.n_programs if has_weight else 0, n_cols), torch.float32, device)
+    with device_guard(device):
         rms_norm_backward_kernel[(cfg.n_programs,)](
             grad_y, x, weight.contiguous() if has_weight else x, rstd.contiguous(),
             grad_x, grad_weight_partial if has_weight else x,

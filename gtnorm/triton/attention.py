@@ -50,7 +50,9 @@ def graph_transformer_attention(
     return out
 
 
-def _check_inputs(query, key, value, edge_attr, layout, qk_norm, q_norm_weight, k_norm_weight) -> None:
+def check_attention_tensors(query, key, value, edge_attr) -> None:
+    """The checks of query/key/value/edge_attr that the op and GraphTransformerConv (either backend) share:
+    tensors of rank 3 with the same heads and channels, one floating dtype, one device."""
     named = {"query": query, "key": key, "value": value}
     if edge_attr is not None:
         named["edge_attr"] = edge_attr
@@ -58,26 +60,31 @@ def _check_inputs(query, key, value, edge_attr, layout, qk_norm, q_norm_weight, 
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 3:
-            raise ValueError(f"{name} must have shape [N, heads, channels], got {list(t.shape)}")
-        check_dtype(name, t)
-    if not isinstance(layout, GraphLayout):
-        raise TypeError(f"layout must be a gtnorm.GraphLayout, got {type(layout).__name__}")
-
-    heads_channels = tuple(query.shape[1:])
-    if heads_channels[0] == 0 or heads_channels[1] == 0:
+            raise ValueError(f"{name} must have shape [num_nodes, heads, channels], got {list(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    heads, channels = query.shape[1:]
+    if heads == 0 or channels == 0:
         raise ValueError(f"query must have at least one head and one channel, got {list(query.shape)}")
     for name, t in named.items():
-        if tuple(t.shape[1:]) != heads_channels:
-            raise ValueError(
-                f"{name} has {t.shape[1]} heads x {t.shape[2]} channels, query has "
-                f"{heads_channels[0]} x {heads_channels[1]}"
-            )
+        if tuple(t.shape[1:]) != (heads, channels):
+            raise ValueError(f"{name} has {t.shape[1]} heads x {t.shape[2]} channels, query has {heads} x {channels}")
         if t.dtype != query.dtype:
             raise TypeError(f"{name} has dtype {t.dtype}, query has {query.dtype}")
         if t.device != query.device:
             raise ValueError(f"{name} is on {t.device}, query is on {query.device}")
     if key.shape[0] != value.shape[0]:
-        raise ValueError(f"key has {key.shape[0]} nodes, value has {value.shape[0]}")
+        raise ValueError(f"key has {key.shape[0]} nodes, value has {value.shape[0]}: both are the source nodes")
+
+
+def _check_inputs(query, key, value, edge_attr, layout, qk_norm, q_norm_weight, k_norm_weight) -> None:
+    check_attention_tensors(query, key, value, edge_attr)
+    for name, t in (("query", query), ("key", key), ("value", value), ("edge_attr", edge_attr)):
+        if t is not None:
+            check_dtype(name, t)
+    if not isinstance(layout, GraphLayout):
+        raise TypeError(f"layout must be a gtnorm.GraphLayout, got {type(layout).__name__}")
+    heads_channels = tuple(query.shape[1:])
     if query.shape[0] != layout.num_dst:
         raise ValueError(f"query has {query.shape[0]} nodes, the layout has {layout.num_dst} destination nodes")
     if key.shape[0] != layout.num_src:

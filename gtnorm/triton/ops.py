@@ -6,13 +6,13 @@ the autograd formula can hand them to the backward op.
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 import triton
 from torch import Tensor
 
+from gtnorm._runtime import device_guard, new_output
 from gtnorm.triton.backward_kernels import (
     edge_softmax_backward_by_destination_kernel,
     edge_softmax_backward_by_source_kernel,
@@ -21,22 +21,6 @@ from gtnorm.triton.config import attention_launch_config
 from gtnorm.triton.forward_kernel import graph_attention_forward_kernel
 
 LOG2E = 1.4426950408889634
-
-# Tests set this to fill every output with NaN before the kernels run, so an element a kernel forgets to
-# write cannot pass by holding a stale value.
-POISON_OUTPUTS = False
-
-
-def _new_output(shape, dtype, device) -> Tensor:
-    if POISON_OUTPUTS:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
-def _device_guard(device: torch.device):
-    # Triton launches on the current CUDA device; make it the tensors' one.
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
 
 @torch.library.custom_op("gtnorm::graph_attention_forward", mutates_args=())
 def graph_attention_forward(
@@ -57,13 +41,13 @@ def graph_attention_forward(
 ) -> tuple[Tensor, Tensor]:
     """Returns (out [N_dst, H, C], lse [N_dst, H] fp32 log2-sum-exp2 of the scores)."""
     num_dst, num_heads, head_dim = query.shape
-    out = _new_output(query.shape, query.dtype, query.device)
-    lse = _new_output((num_dst, num_heads), torch.float32, query.device)
+    out = new_output(query.shape, query.dtype, query.device)
+    lse = new_output((num_dst, num_heads), torch.float32, query.device)
     if num_dst == 0:
         return out, lse
     cfg = attention_launch_config(num_heads, head_dim)
     launch = cfg.forward
-    with _device_guard(query.device):
+    with device_guard(query.device):
         graph_attention_forward_kernel[(num_dst, launch.head_groups)](
             query, key, value,
             edge_attr if edge_attr is not None else query,
@@ -112,14 +96,14 @@ def graph_attention_backward(
     num_edges = csc_src.numel()
     device = query.device
     grad_out = grad_out.contiguous()
-    grad_query = _new_output(query.shape, query.dtype, device)
-    grad_key = _new_output(key.shape, key.dtype, device)
-    grad_value = _new_output(value.shape, value.dtype, device)
+    grad_query = new_output(query.shape, query.dtype, device)
+    grad_key = new_output(key.shape, key.dtype, device)
+    grad_value = new_output(value.shape, value.dtype, device)
     has_edge_attr = edge_attr is not None
-    grad_edge_attr = _new_output(edge_attr.shape if has_edge_attr else (0,), query.dtype, device)
-    attn = _new_output((num_edges, num_heads), torch.float32, device)
-    grad_attn = _new_output((num_edges, num_heads), torch.float32, device)
-    delta = _new_output((num_dst, num_heads), torch.float32, device)
+    grad_edge_attr = new_output(edge_attr.shape if has_edge_attr else (0,), query.dtype, device)
+    attn = new_output((num_edges, num_heads), torch.float32, device)
+    grad_attn = new_output((num_edges, num_heads), torch.float32, device)
+    delta = new_output((num_dst, num_heads), torch.float32, device)
 
     cfg = attention_launch_config(num_heads, head_dim)
     by_dst, by_src = cfg.by_destination, cfg.by_source
@@ -130,8 +114,8 @@ def graph_attention_backward(
     with_k_weight = qk_norm and k_norm_weight is not None
     q_partial_rows = dst_programs * by_dst.head_groups if with_q_weight else 0
     k_partial_rows = src_programs * by_src.head_groups if with_k_weight else 0
-    q_weight_partial = _new_output((q_partial_rows, head_dim), torch.float32, device)
-    k_weight_partial = _new_output((k_partial_rows, head_dim), torch.float32, device)
+    q_weight_partial = new_output((q_partial_rows, head_dim), torch.float32, device)
+    k_weight_partial = new_output((k_partial_rows, head_dim), torch.float32, device)
     flags = dict(
         HAS_EDGE_ATTR=has_edge_attr,
         QK_NORM=qk_norm,
@@ -143,7 +127,7 @@ def graph_attention_backward(
     q_weight = q_norm_weight if q_norm_weight is not None else query
     k_weight = k_norm_weight if k_norm_weight is not None else query
     sm_scale = 1.0 / math.sqrt(head_dim)
-    with _device_guard(device):
+    with device_guard(device):
         if dst_programs:
             edge_softmax_backward_by_destination_kernel[(dst_programs, by_dst.head_groups)](
                 query, key, value, edge_attr if has_edge_attr else query, q_weight, k_weight,

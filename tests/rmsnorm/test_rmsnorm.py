@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import gtnorm
+from gtnorm import _runtime
 from gtnorm._runtime import interpreter_active, resolve_eps
 from gtnorm.rmsnorm import functional
 from gtnorm.rmsnorm.config import MAX_FUSED_COLS, RMSNormLaunchConfig, rms_norm_launch_config
@@ -51,7 +52,7 @@ def low_precision_factor(dtype) -> float:
 
 @pytest.fixture(autouse=True)
 def poison_outputs(monkeypatch):
-    monkeypatch.setattr(functional, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(_runtime, "POISON_OUTPUTS", True)
 
 
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import gtnorm
+from gtnorm import _runtime
 from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.triton import ops
 from tests.conftest import DEVICE, HAS_CUDA
@@ -24,7 +25,7 @@ EPS = 1e-6
 
 @pytest.fixture(autouse=True)
 def poison_outputs(monkeypatch):
-    monkeypatch.setattr(ops, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(_runtime, "POISON_OUTPUTS", True)
 
 
 def make_inputs(graph: SmallGraph, heads, channels, dtype, *, edge_attr=True, qk_norm=True, weights=True):
@@ -282,7 +283,8 @@ def _bad_inputs():
         ("edge_attr rows", lambda kw: kw.update(edge_attr=kw["edge_attr"][1:]), ValueError, "edge_attr has"),
         ("key/value nodes", lambda kw: kw.update(value=kw["value"][1:]), ValueError, "value has"),
         ("query nodes", lambda kw: kw.update(query=kw["query"][1:]), ValueError, "destination nodes"),
-        ("value dtype", lambda kw: kw.update(value=kw["value"].double()), TypeError, "value must be float16"),
+        ("unsupported dtype", lambda kw: kw.update({k: kw[k].double() for k in ("query", "key", "value", "edge_attr")}),
+         TypeError, "query must be float16, bfloat16 or float32"),
         ("mixed dtypes", lambda kw: kw.update(key=kw["key"].half()), TypeError, "key has dtype"),
         ("weight size", lambda kw: kw.update(q_norm_weight=torch.ones(3, device=DEVICE)), ValueError,
          "q_norm_weight must have shape"),
