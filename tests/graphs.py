@@ -1,4 +1,5 @@
-"""Small test graphs (edge_index [2, M], row 0 = source, row 1 = destination) of the kinds gtnorm serves.
+"""Small test graphs (edge_index [2, M], row 0 = source, row 1 = destination) of the kinds gtnorm serves,
+and the error measure the tests compare results on them with.
 
 Sizes stay small on the CPU, where the kernels run through the Triton interpreter; ``scale`` grows them on
 a GPU.
@@ -70,3 +71,10 @@ GRAPH_SCALE = 40 if HAS_CUDA else 1
 def make_graph(name: str, seed: int | None = None, scale: int = GRAPH_SCALE) -> SmallGraph:
     generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
     return GRAPH_BUILDERS[name](scale, generator)
+
+
+def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """||actual - expected|| / ||expected|| in float64; a non-finite value (an unwritten output) fails."""
+    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
+    assert torch.isfinite(actual).all(), "non-finite values (unwritten output?)"
+    return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()

@@ -20,7 +20,7 @@ import gtnorm.nn.conv as conv_module
 from gtnorm.nn.conv import GraphTransformerConv, LayoutCache, clear_layout_cache
 from gtnorm.triton.layout import GraphLayout
 from tests.conftest import DEVICE, HAS_CUDA
-from tests.graphs import GRAPH_BUILDERS, SmallGraph, make_graph
+from tests.graphs import GRAPH_BUILDERS, SmallGraph, make_graph, rel_error
 
 EPS = 1e-6
 TOLERANCE = 1e-5
@@ -84,11 +84,6 @@ def run_conv(conv, inputs, graph, grad_out=None, size=True):
     grads = torch.autograd.grad(out, list(wrt.values()), grad_out.to(device=device, dtype=out.dtype))
     return out, dict(zip(wrt, grads, strict=True))
 
-
-def rel_error(actual, expected):
-    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
-    assert torch.isfinite(actual).all(), "non-finite values"
-    return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
 
 
 # --- the two backends compute the same function --------------------------------------------------------------

@@ -25,6 +25,7 @@ from gtnorm._runtime import interpreter_active, resolve_eps
 from gtnorm.rmsnorm import functional
 from gtnorm.rmsnorm.config import MAX_FUSED_COLS, RMSNormLaunchConfig, rms_norm_launch_config
 from tests.conftest import DEVICE, HAS_CUDA
+from tests.graphs import rel_error
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (x shape, normalized_shape): [N, C], [N, H, C], [B, N, H, C], odd C, several normalised dims.
@@ -54,11 +55,6 @@ def low_precision_factor(dtype) -> float:
 def poison_outputs(monkeypatch):
     monkeypatch.setattr(_runtime, "POISON_OUTPUTS", True)
 
-
-def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
-    assert torch.isfinite(actual).all(), "non-finite values (unwritten output?)"
-    return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
 
 
 def random_weight(normalized_shape, dtype) -> torch.Tensor:

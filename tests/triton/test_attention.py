@@ -16,7 +16,7 @@ from gtnorm import _runtime
 from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.triton import ops
 from tests.conftest import DEVICE, HAS_CUDA
-from tests.graphs import GRAPH_BUILDERS, SmallGraph, make_graph
+from tests.graphs import GRAPH_BUILDERS, SmallGraph, make_graph, rel_error
 
 HEADS_CHANNELS = [(1, 4), (2, 8), (3, 5)] + ([(16, 64), (8, 32), (5, 24)] if HAS_CUDA else [])
 INPUT_NAMES = ("query", "key", "value", "edge_attr", "q_norm_weight", "k_norm_weight")
@@ -84,11 +84,6 @@ def _grads(out, inputs, grad_out):
     grads = torch.autograd.grad(out, [inputs[k] for k in names], grad_out.to(out.dtype))
     return dict(zip(names, grads, strict=True))
 
-
-def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
-    assert torch.isfinite(actual).all(), "non-finite values (unwritten output?)"
-    return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
 
 
 def layout_of(graph: SmallGraph, device=DEVICE):
