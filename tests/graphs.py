@@ -1,5 +1,5 @@
 """Small test graphs (edge_index [2, M], row 0 = source, row 1 = destination) of the kinds gtnorm serves,
-and the error measure the tests compare results on them with.
+random inputs on them, and the error measure the tests compare results with.
 
 Sizes stay small on the CPU, where the kernels run through the Triton interpreter; ``scale`` grows them on
 a GPU.
@@ -71,6 +71,23 @@ GRAPH_SCALE = 40 if HAS_CUDA else 1
 def make_graph(name: str, seed: int | None = None, scale: int = GRAPH_SCALE) -> SmallGraph:
     generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
     return GRAPH_BUILDERS[name](scale, generator)
+
+
+def random_inputs(graph: SmallGraph, heads: int, channels: int, *, edge_attr=True, norm_weights=False) -> dict:
+    """Fresh float64 CPU tensors: query [N_dst, H, C], key and value [N_src, H, C], edge_attr [M, H, C] (None
+    without), and with ``norm_weights`` the RMSNorm weights q_norm_weight / k_norm_weight [C], far from 1 on
+    purpose (a kernel that ignored them would pass with ones)."""
+    n_edges = graph.edge_index.shape[1]
+    inputs = {
+        "query": torch.randn(graph.num_dst, heads, channels, dtype=torch.float64),
+        "key": torch.randn(graph.num_src, heads, channels, dtype=torch.float64),
+        "value": torch.randn(graph.num_src, heads, channels, dtype=torch.float64),
+        "edge_attr": torch.randn(n_edges, heads, channels, dtype=torch.float64) if edge_attr else None,
+    }
+    if norm_weights:
+        inputs["q_norm_weight"] = 1.0 + 0.5 * torch.randn(channels, dtype=torch.float64)
+        inputs["k_norm_weight"] = 1.0 + 0.5 * torch.randn(channels, dtype=torch.float64)
+    return inputs
 
 
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -19,7 +19,7 @@ from gtnorm._runtime import triton_can_run_on
 from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.rmsnorm.module import RMSNorm
 from gtnorm.triton.attention import check_attention_tensors, graph_transformer_attention
-from gtnorm.triton.layout import GraphLayout, check_edge_index
+from gtnorm.triton.layout import GraphLayout, check_edge_index, check_edge_index_format
 
 BACKENDS = ("auto", "triton", "pyg")
 
@@ -137,12 +137,7 @@ class GraphTransformerConv(torch.nn.Module):
         if channels != self.out_channels:
             raise ValueError(f"query has {channels} channels per head, but out_channels={self.out_channels}")
 
-        if not isinstance(edge_index, Tensor):
-            raise TypeError(f"edge_index must be a torch.Tensor [2, num_edges], got {type(edge_index).__name__}")
-        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-            raise ValueError(f"edge_index must have shape [2, num_edges], got {list(edge_index.shape)}")
-        if edge_index.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"edge_index must be int64 or int32, got {edge_index.dtype}")
+        check_edge_index_format(edge_index)
         if edge_index.device != query.device:
             raise ValueError(f"edge_index is on {edge_index.device}, query is on {query.device}")
         num_edges = edge_index.shape[1]

@@ -89,14 +89,7 @@ def check_edge_index(
 ) -> tuple[int, int]:
     """Checks type, shape and index range of ``edge_index`` (one device sync) and returns (num_src, num_dst),
     resolving ``num_nodes`` as :meth:`GraphLayout.from_edge_index` documents."""
-    if not isinstance(edge_index, torch.Tensor):
-        raise TypeError(f"edge_index must be a torch.Tensor, got {type(edge_index).__name__}")
-    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-        raise ValueError(f"edge_index must have shape [2, num_edges], got {list(edge_index.shape)}")
-    if edge_index.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"edge_index must be int64 or int32, got {edge_index.dtype}")
-    if edge_index.shape[1] > _INT32_MAX:
-        raise ValueError(f"edge_index has {edge_index.shape[1]} edges; at most 2**31 - 1 are supported")
+    check_edge_index_format(edge_index)
     if edge_index.shape[1] > 0:
         src, dst = edge_index[0], edge_index[1]
         lo_src, hi_src, lo_dst, hi_dst = torch.stack([src.min(), src.max(), dst.min(), dst.max()]).tolist()
@@ -111,6 +104,18 @@ def check_edge_index(
     if hi_dst >= num_dst:
         raise ValueError(f"edge_index[1] (destination) holds index {hi_dst}, but there are {num_dst} destination nodes")
     return num_src, num_dst
+
+
+def check_edge_index_format(edge_index: torch.Tensor) -> None:  # [2, M]
+    """The checks that need no device sync: a tensor, shape [2, M], an integer type the kernels read."""
+    if not isinstance(edge_index, torch.Tensor):
+        raise TypeError(f"edge_index must be a torch.Tensor, got {type(edge_index).__name__}")
+    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise ValueError(f"edge_index must have shape [2, num_edges], got {list(edge_index.shape)}")
+    if edge_index.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"edge_index must be int64 or int32, got {edge_index.dtype}")
+    if edge_index.shape[1] > _INT32_MAX:
+        raise ValueError(f"edge_index has {edge_index.shape[1]} edges; at most 2**31 - 1 are supported")
 
 
 def _resolve_num_nodes(num_nodes, inferred: int) -> tuple[int, int]:

@@ -20,7 +20,7 @@ import gtnorm.nn.conv as conv_module
 from gtnorm.nn.conv import GraphTransformerConv, LayoutCache, clear_layout_cache
 from gtnorm.triton.layout import GraphLayout
 from tests.conftest import DEVICE, HAS_CUDA
-from tests.graphs import GRAPH_BUILDERS, SmallGraph, make_graph, rel_error
+from tests.graphs import GRAPH_BUILDERS, SmallGraph, make_graph, random_inputs, rel_error
 
 EPS = 1e-6
 TOLERANCE = 1e-5
@@ -60,13 +60,7 @@ def make_conv(channels, qk_norm=True, backend="auto", eps=EPS, dtype=torch.float
 
 
 def make_inputs(graph: SmallGraph, heads, channels, edge_attr=True, dtype=torch.float64, device="cpu"):
-    n_edges = graph.edge_index.shape[1]
-    inputs = {
-        "query": torch.randn(graph.num_dst, heads, channels, dtype=torch.float64),
-        "key": torch.randn(graph.num_src, heads, channels, dtype=torch.float64),
-        "value": torch.randn(graph.num_src, heads, channels, dtype=torch.float64),
-        "edge_attr": torch.randn(n_edges, heads, channels, dtype=torch.float64) if edge_attr else None,
-    }
+    inputs = random_inputs(graph, heads, channels, edge_attr=edge_attr)
     return {k: v.to(device=device, dtype=dtype) if v is not None else None for k, v in inputs.items()}
 
 

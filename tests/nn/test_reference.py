@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gtnorm.nn.reference import GraphTransformerMessagePassing, reference_graph_transformer_attention
-from tests.graphs import GRAPH_BUILDERS, SmallGraph, make_graph
+from tests.graphs import GRAPH_BUILDERS, SmallGraph, make_graph, random_inputs
 
 TOLERANCE = 1e-12
 EPS = 1e-6
@@ -45,16 +45,9 @@ def dense_attention(query, key, value, edge_attr, edge_index, num_dst):
 
 
 def make_leaves(graph: SmallGraph, heads, channels, edge_attr=True, norm_weights=True):
-    n_edges = graph.edge_index.shape[1]
-    tensors = {
-        "query": torch.randn(graph.num_dst, heads, channels, dtype=torch.float64),
-        "key": torch.randn(graph.num_src, heads, channels, dtype=torch.float64),
-        "value": torch.randn(graph.num_src, heads, channels, dtype=torch.float64),
-        "edge_attr": torch.randn(n_edges, heads, channels, dtype=torch.float64) if edge_attr else None,
-        "q_weight": 1.0 + 0.5 * torch.randn(channels, dtype=torch.float64) if norm_weights else None,
-        "k_weight": 1.0 + 0.5 * torch.randn(channels, dtype=torch.float64) if norm_weights else None,
-    }
-    return {k: v.requires_grad_() for k, v in tensors.items() if v is not None}
+    tensors = random_inputs(graph, heads, channels, edge_attr=edge_attr, norm_weights=norm_weights)
+    names = {"q_norm_weight": "q_weight", "k_norm_weight": "k_weight"}
+    return {names.get(k, k): v.requires_grad_() for k, v in tensors.items() if v is not None}
 
 
 def rms_norm_module(weight, channels):

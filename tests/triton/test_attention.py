@@ -16,7 +16,7 @@ from gtnorm import _runtime
 from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.triton import ops
 from tests.conftest import DEVICE, HAS_CUDA
-from tests.graphs import GRAPH_BUILDERS, SmallGraph, make_graph, rel_error
+from tests.graphs import GRAPH_BUILDERS, SmallGraph, make_graph, random_inputs, rel_error
 
 HEADS_CHANNELS = [(1, 4), (2, 8), (3, 5)] + ([(16, 64), (8, 32), (5, 24)] if HAS_CUDA else [])
 INPUT_NAMES = ("query", "key", "value", "edge_attr", "q_norm_weight", "k_norm_weight")
@@ -30,15 +30,8 @@ def poison_outputs(monkeypatch):
 
 def make_inputs(graph: SmallGraph, heads, channels, dtype, *, edge_attr=True, qk_norm=True, weights=True):
     """Fresh random inputs (float64 on the CPU; cast per use). Norm weights are far from 1 on purpose."""
-    n_edges = graph.edge_index.shape[1]
-    inputs = {
-        "query": torch.randn(graph.num_dst, heads, channels, dtype=torch.float64),
-        "key": torch.randn(graph.num_src, heads, channels, dtype=torch.float64),
-        "value": torch.randn(graph.num_src, heads, channels, dtype=torch.float64),
-        "edge_attr": torch.randn(n_edges, heads, channels, dtype=torch.float64) if edge_attr else None,
-        "q_norm_weight": 1.0 + 0.5 * torch.randn(channels, dtype=torch.float64) if qk_norm and weights else None,
-        "k_norm_weight": 1.0 + 0.5 * torch.randn(channels, dtype=torch.float64) if qk_norm and weights else None,
-    }
+    inputs = dict.fromkeys(INPUT_NAMES)
+    inputs.update(random_inputs(graph, heads, channels, edge_attr=edge_attr, norm_weights=qk_norm and weights))
     return {k: v.to(dtype) if v is not None else None for k, v in inputs.items()}
 
 
