@@ -1,12 +1,13 @@
 """Developer sweep: per-kernel times and register counts of the attention kernels under launch settings.
 
-    python -m benchmarks.kernel_sweep [--graphs era_to_h h_to_h ...] [--settings default bwd_h4 ...]
+    python -m benchmarks.kernel_sweep [--graphs era_to_h h_to_h ...] [--settings default bwd:h4 ...]
 
-For each graph (bf16, H=16, C=64, qk_norm with affine weights unless --no-qk-norm) and each named setting,
-runs forward+backward under torch.profiler and prints the mean time of each kernel, its registers per thread
-and spills, and the forward / backward / total as % of the HBM floor (bytes that must move ÷ copy bandwidth
-measured in this run). Settings are overrides of ``gtnorm.triton.config.attention_launch_config``; the
-defaults live there. This is how the numbers in benchmarks/NOTES.md were taken.
+For each graph (bf16, H=16, C=64, qk_norm with affine weights unless --no-qk-norm) and each setting, runs
+forward+backward under torch.profiler and prints the mean time of each kernel, its registers per thread and
+spills, how many cp.async copies its PTX holds (software-pipelined loads), and the forward / backward / total
+as % of the HBM floor (bytes that must move ÷ copy bandwidth measured in this run). Settings are overrides of
+``gtnorm.triton.config.attention_launch_config`` written as specs (``parse_setting``); the defaults live
+there. This is how the numbers in benchmarks/NOTES.md were taken.
 """
 
 from __future__ import annotations
@@ -30,39 +31,30 @@ KERNELS = {
 }
 
 
-def _backward_heads(block_h: int):
+def parse_setting(spec: str):
+    """A launch-setting override from a spec such as ``fwd:h16,w4,e32,s3/bwd:h8,w1,s4``.
+
+    Parts split by ``/``: ``fwd``, ``dst``, ``src`` or ``bwd`` (both backward passes) followed by fields
+    ``h`` (heads per program), ``w`` (warps), ``e`` (edges per program), ``s`` (pipeline stages).
+    ``default`` changes nothing.
+    """
+    fields = {"h": "block_h", "w": "num_warps", "e": "edges_per_program", "s": "num_stages"}
+    kernels = {"fwd": ("forward",), "dst": ("by_destination",), "src": ("by_source",)}
+    kernels["bwd"] = kernels["dst"] + kernels["src"]
+
     def change(cfg, num_heads):
-        launch = dataclasses.replace(cfg.by_destination, block_h=block_h, head_groups=triton.cdiv(num_heads, block_h))
-        return dataclasses.replace(cfg, by_destination=launch, by_source=launch)
+        for part in spec.split("/"):
+            if part == "default":
+                continue
+            target, _, values = part.partition(":")
+            updates = {fields[v[0]]: int(v[1:]) for v in values.split(",")}
+            if "block_h" in updates:
+                updates["head_groups"] = triton.cdiv(num_heads, updates["block_h"])
+            for attr in kernels[target]:
+                cfg = dataclasses.replace(cfg, **{attr: dataclasses.replace(getattr(cfg, attr), **updates)})
+        return cfg
 
     return change
-
-
-def _forward_heads(block_h: int, num_warps: int):
-    def change(cfg, num_heads):
-        launch = dataclasses.replace(
-            cfg.forward, block_h=block_h, head_groups=triton.cdiv(num_heads, block_h), num_warps=num_warps
-        )
-        return dataclasses.replace(cfg, forward=launch)
-
-    return change
-
-
-def _nodes_per_program(count: int):
-    return lambda cfg, num_heads: dataclasses.replace(cfg, nodes_per_program=count)
-
-
-SETTINGS = {
-    "default": lambda cfg, num_heads: cfg,
-    "npp2": _nodes_per_program(2),
-    "npp4": _nodes_per_program(4),
-    "npp16": _nodes_per_program(16),
-    "npp32": _nodes_per_program(32),
-    "bwd_h4": _backward_heads(4),
-    "bwd_h16": _backward_heads(16),
-    "fwd_h8w2": _forward_heads(8, 2),
-    "fwd_h16w8": _forward_heads(16, 8),
-}
 
 
 def copy_bandwidth(nbytes: int = 2**30) -> float:
@@ -112,7 +104,7 @@ def kernel_times(step, repeats: int = 5) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--graphs", nargs="+", default=["era_to_h", "h_to_h", "h_to_era", "dop_enc_large"])
-    parser.add_argument("--settings", nargs="+", default=list(SETTINGS))
+    parser.add_argument("--settings", nargs="+", default=["default"], help="specs, see parse_setting")
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--channels", type=int, default=64)
     parser.add_argument("--no-qk-norm", action="store_true", help="the same kernels with qk_norm off")
@@ -143,13 +135,14 @@ def main() -> None:
             out.backward(grad_out)
 
         for setting in args.settings:
-            change = SETTINGS[setting]
+            change = parse_setting(setting)
             ops.attention_launch_config = lambda h, c, _change=change: _change(default_config(h, c), h)
             step()
             times = kernel_times(step)
             fwd, bwd = times["fwd"], times["by_dst"] + times["by_src"]
             regs = " ".join(
-                f"{short} {times[short]:.3f} ms (r{compiled[k].n_regs}, s{compiled[k].n_spills})"
+                f"{short} {times[short]:.3f} ms (r{compiled[k].n_regs}, s{compiled[k].n_spills},"
+                f" a{compiled[k].asm['ptx'].count('cp.async.ca') + compiled[k].asm['ptx'].count('cp.async.cg')})"
                 for k, short in KERNELS.items()
             )
             print(

@@ -38,12 +38,7 @@ def graph_transformer_attention(
         edge_attr.contiguous() if edge_attr is not None else None,
         q_norm_weight.contiguous() if q_norm_weight is not None else None,
         k_norm_weight.contiguous() if k_norm_weight is not None else None,
-        layout.dst_offsets,
-        layout.csc_src,
-        layout.csc_edge_id,
-        layout.src_offsets,
-        layout.csr_dst,
-        layout.csr_edge_id,
+        *layout.tensors(),
         bool(qk_norm),
         eps,
     )

@@ -1,9 +1,10 @@
-"""Launch settings of the attention kernels, chosen from the tensor sizes alone.
+"""Launch settings of the attention kernels, chosen from the tensor sizes and the graph's mean degrees.
 
-Nothing here benchmarks: a new graph never triggers a tuning run and only a few kernel variants get
-compiled. The numbers come from sweeps on an H200 (benchmarks/NOTES.md, "launch settings"): the kernels are
-bound by the latency of dependent gathers (edge index, then the rows it points to), so what pays is many
-small, register-light programs resident per SM, each walking its edges one at a time.
+Nothing here benchmarks: a new graph never triggers a tuning run, the per-graph numbers (nodes per backward
+program) are runtime arguments, and the forward's pipeline depth takes one of two values, so at most two
+forward variants get compiled. The numbers come from sweeps on an H100 (benchmarks/NOTES.md, v2): the kernels
+are bound by the latency of dependent gathers (edge index, then the rows it points to), so what pays is many
+small, register-light programs per SM whose loads the software pipeliner keeps in flight.
 """
 
 from __future__ import annotations
@@ -14,21 +15,30 @@ import triton
 
 from gtnorm._runtime import interpreter_active
 
-# Row slice (heads x padded channels) of one program: the forward keeps all heads of a node together up to
-# 1024 elements; the backward kernels hold more state per element (q, dO, two accumulators, the prefetched
-# next edge) and run best as one-warp programs over 512-element slices.
+# Row slice (heads x padded channels) of one program: the forward and the by-source pass keep up to 1024
+# elements together; the by-destination pass holds more state per element (q, dO, two accumulators) and
+# runs best as one-warp programs over 512-element slices.
 _FORWARD_ROW_SLICE = 1024
-_BACKWARD_ROW_SLICE = 512
-# Nodes per backward program: the weight-gradient partials stay small (one fp32 row of C per program).
-_BACKWARD_NODES_PER_PROGRAM = 8
+_BY_DESTINATION_ROW_SLICE = 512
+_BY_SOURCE_ROW_SLICE = 1024
+# Edges one backward program walks (rounded to whole nodes): enough for the pipeline's fill and drain to be
+# amortised, few enough for many programs and small weight-gradient partials (one fp32 row per program).
+_BACKWARD_EDGES_PER_PROGRAM = 32
+# The forward pipelines its per-node edge loop only where nodes have many edges (encoders, ~16): on the
+# decoder's 3-edge nodes the pipeline's fill cost more than it hid (NOTES.md, v2).
+_FORWARD_PIPELINE_MIN_DEGREE = 8.0
 
 
 @dataclass(frozen=True)
 class KernelLaunch:
     block_h: int  # heads per program (a power of two)
     head_groups: int  # programs along the head axis
-    block_e: int  # edges gathered per step
     num_warps: int
+    num_stages: int  # software-pipeline depth of the edge loop; 0: a plain while loop (the interpreter)
+    edges_per_program: int = 1  # backward passes: target length of a program's stretch of edges
+
+    def nodes_per_program(self, mean_degree: float) -> int:
+        return max(1, round(self.edges_per_program / max(mean_degree, 1.0)))
 
 
 @dataclass(frozen=True)
@@ -37,23 +47,30 @@ class AttentionLaunchConfig:
     forward: KernelLaunch
     by_destination: KernelLaunch
     by_source: KernelLaunch
-    nodes_per_program: int  # backward programs walk this many consecutive nodes
+
+    def forward_stages(self, mean_in_degree: float) -> int:
+        if self.forward.num_stages == 0 or mean_in_degree >= _FORWARD_PIPELINE_MIN_DEGREE:
+            return self.forward.num_stages
+        return 1
 
 
-def _launch(num_heads: int, block_c: int, row_slice: int, num_warps: int) -> KernelLaunch:
+def _launch(num_heads: int, block_c: int, row_slice: int, num_warps: int, num_stages: int, **kw) -> KernelLaunch:
     block_h = min(triton.next_power_of_2(num_heads), max(1, row_slice // block_c))
-    # The interpreter pays per executed operation, not per byte: there, fewer and wider steps are faster.
-    block_e = 4 if interpreter_active() else 1
-    return KernelLaunch(block_h, triton.cdiv(num_heads, block_h), block_e=block_e, num_warps=num_warps)
+    if interpreter_active():  # older interpreters cannot run range() over loaded bounds: the while loop
+        num_stages = 0
+    return KernelLaunch(block_h, triton.cdiv(num_heads, block_h), num_warps, num_stages, **kw)
 
 
 def attention_launch_config(num_heads: int, head_dim: int) -> AttentionLaunchConfig:
     block_c = triton.next_power_of_2(head_dim)
-    backward = _launch(num_heads, block_c, _BACKWARD_ROW_SLICE, num_warps=1)
+    per_program = _BACKWARD_EDGES_PER_PROGRAM
     return AttentionLaunchConfig(
         block_c=block_c,
-        forward=_launch(num_heads, block_c, _FORWARD_ROW_SLICE, num_warps=4),
-        by_destination=backward,
-        by_source=backward,
-        nodes_per_program=_BACKWARD_NODES_PER_PROGRAM,
+        forward=_launch(num_heads, block_c, _FORWARD_ROW_SLICE, num_warps=4, num_stages=3),
+        by_destination=_launch(
+            num_heads, block_c, _BY_DESTINATION_ROW_SLICE, num_warps=1, num_stages=4, edges_per_program=per_program
+        ),
+        by_source=_launch(
+            num_heads, block_c, _BY_SOURCE_ROW_SLICE, num_warps=2, num_stages=3, edges_per_program=per_program
+        ),
     )

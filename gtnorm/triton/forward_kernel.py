@@ -1,22 +1,43 @@
 """Forward of the graph-transformer attention, RMSNorm of Q and K fused into their loads.
 
-One program per destination node, all heads at once: the node's query row is loaded and normalised once,
-then its incoming edges are walked BLOCK_E at a time (gathering BLOCK_E key/value rows per step) with an
-online softmax. Scores are kept in the log2 domain (the scale 1/sqrt(C) * log2(e) is folded into q once),
-so the exponentials are exp2.
+One program per destination slot (GraphLayout's visiting order) and group of BLOCK_H heads: the node's query
+row is loaded and normalised once, then its incoming edges are walked one per step with an online softmax.
+Scores are kept in the log2 domain, so the exponentials are exp2. Unlike the backward passes, the forward
+keeps one node per program: its per-step work is light, and re-reading the query at every edge of a
+flattened walk (what lets the backward prefetch across nodes) cost more than it saved (benchmarks/NOTES.md).
 """
 
 import triton
 import triton.language as tl
 
 from gtnorm.triton.tiles import (
-    load_incoming_edge_rows,
     load_norm_weight,
     load_row,
     normalize_heads,
     row_tile_offsets,
     store_row,
 )
+
+
+@triton.jit
+def _online_softmax_step(
+    q, m, denom, acc, w_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr, offsets, mask,
+    row_len, C, score_scale, eps, HAS_EDGE_ATTR: tl.constexpr, QK_NORM: tl.constexpr,
+):
+    """Folds the edge at by-destination position pos into the running max m [BLOCK_H], denominator [BLOCK_H]
+    and accumulator [BLOCK_H, BLOCK_C] of the online softmax; q is the normalised query [BLOCK_H, BLOCK_C]."""
+    src = tl.load(csc_src_ptr + pos)
+    k, _ = normalize_heads(load_row(key_ptr, src, offsets, mask, row_len), w_k, C, eps, QK_NORM)
+    v = load_row(value_ptr, src, offsets, mask, row_len)
+    if HAS_EDGE_ATTR:
+        e = load_row(edge_attr_ptr, tl.load(csc_edge_id_ptr + pos), offsets, mask, row_len)
+        k += e
+        v += e
+    s = tl.sum(q * k, axis=1) * score_scale  # [BLOCK_H]
+    m_new = tl.maximum(m, s)
+    p = tl.exp2(s - m_new)
+    rescale = tl.exp2(m - m_new)
+    return m_new, denom * rescale + p, acc * rescale[:, None] + p[:, None] * v
 
 
 @triton.jit
@@ -27,10 +48,11 @@ def graph_attention_forward_kernel(
     edge_attr_ptr,  # [M, H, C] in the caller's edge order (unused without HAS_EDGE_ATTR)
     q_weight_ptr,  # [C] (unused without HAS_Q_WEIGHT)
     k_weight_ptr,  # [C] (unused without HAS_K_WEIGHT)
-    dst_offsets_ptr,  # [N_dst + 1] int32
+    dst_offsets_ptr,  # [N_dst + 1] int32, by slot
+    csc_dst_ptr,  # [M] int32
     csc_src_ptr,  # [M] int32
     csc_edge_id_ptr,  # [M] int32
-    out_ptr,  # [N_dst, H, C]
+    out_ptr,  # [N_dst, H, C]; rows of nodes without edges are left to the caller
     lse_ptr,  # [N_dst, H] fp32: log2-sum-exp2 of the scores, what the backward needs to rebuild a
     H,
     C,
@@ -40,52 +62,40 @@ def graph_attention_forward_kernel(
     QK_NORM: tl.constexpr,
     HAS_Q_WEIGHT: tl.constexpr,
     HAS_K_WEIGHT: tl.constexpr,
-    BLOCK_E: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
-    node = tl.program_id(0)
-    row_len = H * C
-    # Heads are independent (the norm is per head), so a program may take a group of BLOCK_H of them.
-    offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
-    offs_e = tl.arange(0, BLOCK_E)
-
-    w_q = load_norm_weight(q_weight_ptr, C, HAS_Q_WEIGHT, BLOCK_C)
-    w_k = load_norm_weight(k_weight_ptr, C, HAS_K_WEIGHT, BLOCK_C)
-    q = load_row(query_ptr, node, offsets, mask, row_len)
-    q, rstd_q = normalize_heads(q, w_q, C, eps, QK_NORM)
-    q = q * score_scale
-
-    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    denom = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
-    start = tl.load(dst_offsets_ptr + node)
-    end = tl.load(dst_offsets_ptr + node + 1)
-    # A while loop, not range(): the interpreter of older Triton cannot take loaded loop bounds.
-    e0 = start
-    while e0 < end:
-        pos = e0 + offs_e
-        edge_mask = pos < end
-        k, v, e, edge_id = load_incoming_edge_rows(
-            key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr, pos, end, offsets, mask, row_len,
-            HAS_EDGE_ATTR,
-        )  # fmt: skip
-        k, rstd_k = normalize_heads(k, w_k, C, eps, QK_NORM)
-        k += e
-        v += e
-        s = tl.sum(q[None, :, :] * k, axis=2)  # [BLOCK_E, BLOCK_H]
-        s = tl.where(edge_mask[:, None], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        p = tl.exp2(s - m_new[None, :])
-        rescale = tl.exp2(m - m_new)
-        denom = denom * rescale + tl.sum(p, axis=0)
-        acc = acc * rescale[:, None] + tl.sum(p[:, :, None] * v, axis=0)
-        m = m_new
-        e0 += BLOCK_E
-
-    has_edges = denom > 0.0
-    # A node without incoming edges gets 0 (acc is 0 and denom is 0).
-    out = acc / tl.where(has_edges, denom, 1.0)[:, None]
-    store_row(out_ptr, node, offsets, mask, row_len, out)
-    lse = tl.where(has_edges, m + tl.log2(tl.where(has_edges, denom, 1.0)), 0.0)
-    tl.store(lse_ptr + node.to(tl.int64) * H + offs_h, lse, mask=offs_h < H)
+    slot = tl.program_id(0)
+    start = tl.load(dst_offsets_ptr + slot)
+    end = tl.load(dst_offsets_ptr + slot + 1)
+    if start < end:
+        row_len = H * C
+        # Heads are independent (the norm is per head), so a program may take a group of BLOCK_H of them.
+        offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
+        w_q = load_norm_weight(q_weight_ptr, C, HAS_Q_WEIGHT, BLOCK_C)
+        w_k = load_norm_weight(k_weight_ptr, C, HAS_K_WEIGHT, BLOCK_C)
+        node = tl.load(csc_dst_ptr + start)
+        q, _ = normalize_heads(load_row(query_ptr, node, offsets, mask, row_len), w_q, C, eps, QK_NORM)
+        m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        denom = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
+        if NUM_STAGES > 0:
+            # With NUM_STAGES > 1 the pipeliner issues the loads of the next steps (cp.async into shared memory)
+            # while this step computes; that pays on nodes with many edges (config.py).
+            for pos in tl.range(start, end, num_stages=NUM_STAGES):
+                m, denom, acc = _online_softmax_step(
+                    q, m, denom, acc, w_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
+                    offsets, mask, row_len, C, score_scale, eps, HAS_EDGE_ATTR, QK_NORM,
+                )  # fmt: skip
+        else:
+            # The interpreter of older Triton cannot take loaded loop bounds in range(); a while loop it can.
+            pos = start
+            while pos < end:
+                m, denom, acc = _online_softmax_step(
+                    q, m, denom, acc, w_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
+                    offsets, mask, row_len, C, score_scale, eps, HAS_EDGE_ATTR, QK_NORM,
+                )  # fmt: skip
+                pos += 1
+        store_row(out_ptr, node, offsets, mask, row_len, acc / denom[:, None])
+        tl.store(lse_ptr + node.to(tl.int64) * H + offs_h, m + tl.log2(denom), mask=offs_h < H)

@@ -18,17 +18,29 @@ _INT32_MAX = 2**31 - 1
 
 @dataclass(frozen=True, eq=False)
 class GraphLayout:
+    """Both edge orders of one graph, on the graph's device.
+
+    Destination nodes are visited in ``slot`` order (a permutation of the nodes): the incoming edges of the
+    node in slot s sit at positions ``dst_offsets[s]:dst_offsets[s + 1]`` of the ``csc_*`` arrays, so a run of
+    consecutive slots is one contiguous run of edges, which one kernel program walks without restarting at
+    every node. Sources likewise with ``src_offsets`` and the ``csr_*`` arrays.
+    """
+
     num_src: int
     num_dst: int
     num_edges: int
     max_in_degree: int
     max_out_degree: int
-    dst_offsets: torch.Tensor  # [N_dst + 1] int32: incoming edges of node i are positions dst_offsets[i]:[i+1]
-    csc_src: torch.Tensor  # [M] int32: source node of each edge, by destination
-    csc_edge_id: torch.Tensor  # [M] int32: caller's index of each edge, by destination
-    src_offsets: torch.Tensor  # [N_src + 1] int32: outgoing edges of node j are src_offsets[j]:[j+1]
-    csr_dst: torch.Tensor  # [M] int32: destination node of each edge, by source
-    csr_edge_id: torch.Tensor  # [M] int32: caller's index of each edge, by source
+    dst_offsets: torch.Tensor  # [N_dst + 1] int32, by slot
+    csc_dst: torch.Tensor  # [M] int32: destination of each edge, by destination slot
+    csc_src: torch.Tensor  # [M] int32: source of each edge, by destination slot
+    csc_edge_id: torch.Tensor  # [M] int32: caller's index of each edge, by destination slot
+    dst_without_edges: torch.Tensor  # [K_dst] int64: destinations with no incoming edge (their output is 0)
+    src_offsets: torch.Tensor  # [N_src + 1] int32, by slot
+    csr_src: torch.Tensor  # [M] int32: source of each edge, by source slot
+    csr_dst: torch.Tensor  # [M] int32: destination of each edge, by source slot
+    csr_edge_id: torch.Tensor  # [M] int32: caller's index of each edge, by source slot
+    src_without_edges: torch.Tensor  # [K_src] int64: sources with no outgoing edge (their gradients are 0)
 
     @property
     def device(self) -> torch.device:
@@ -42,45 +54,139 @@ class GraphLayout:
     def mean_out_degree(self) -> float:
         return self.num_edges / max(self.num_src, 1)
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The index tensors in the order the attention ops take them."""
+        return (
+            self.dst_offsets, self.csc_dst, self.csc_src, self.csc_edge_id, self.dst_without_edges,
+            self.src_offsets, self.csr_src, self.csr_dst, self.csr_edge_id, self.src_without_edges,
+        )  # fmt: skip
+
     def index_bytes(self) -> int:
         """Bytes of the index arrays the kernels read: part of the traffic floor of every pass."""
-        return sum(
-            t.numel() * t.element_size()
-            for t in (self.dst_offsets, self.csc_src, self.csc_edge_id, self.src_offsets, self.csr_dst,
-                      self.csr_edge_id)
-        )
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
     @classmethod
     def from_edge_index(
         cls,
         edge_index: torch.Tensor,  # [2, M]: row 0 = source, row 1 = destination (PyG convention)
         num_nodes: int | Sequence[int] | None = None,
+        *,
+        dst_order: torch.Tensor | None = None,  # [N_dst] a permutation of the destination nodes
+        src_order: torch.Tensor | None = None,  # [N_src] a permutation of the source nodes
     ) -> GraphLayout:
         """Validates ``edge_index`` and builds both orders (stable sorts, so the layout is deterministic).
 
         ``num_nodes`` is ``(num_src, num_dst)`` for a bipartite graph, one int for a square one, or None to
-        take ``max index + 1`` over both rows (PyG's rule for square graphs).
+        take ``max index + 1`` over both rows (PyG's rule for square graphs). ``dst_order``/``src_order`` set
+        the order the kernels visit the nodes in (e.g. along a space-filling curve of the node positions, so
+        that nodes visited together share neighbours); by default :func:`visiting_order` picks one. Results do
+        not depend on the orders, only the speed does.
         """
         num_src, num_dst = check_edge_index(edge_index, num_nodes)
         src, dst = edge_index[0].long(), edge_index[1].long()
-        num_edges = src.numel()
-        csc_order = torch.argsort(dst, stable=True)
-        csr_order = torch.argsort(src, stable=True)
         in_degree = torch.bincount(dst, minlength=num_dst)
         out_degree = torch.bincount(src, minlength=num_src)
+        dst_order = _checked_order(dst_order, num_dst, "dst_order", dst.device)
+        src_order = _checked_order(src_order, num_src, "src_order", src.device)
+        if dst_order is None:
+            dst_order = visiting_order(dst, src, num_dst)
+        if src_order is None:
+            src_order = visiting_order(src, dst, num_src)
+        by_dst = _edge_walk(dst, src, dst_order, in_degree)
+        by_src = _edge_walk(src, dst, src_order, out_degree)
         return cls(
             num_src=num_src,
             num_dst=num_dst,
-            num_edges=num_edges,
+            num_edges=src.numel(),
             max_in_degree=int(in_degree.max()) if num_dst else 0,
             max_out_degree=int(out_degree.max()) if num_src else 0,
-            dst_offsets=_offsets(in_degree),
-            csc_src=src[csc_order].int(),
-            csc_edge_id=csc_order.int(),
-            src_offsets=_offsets(out_degree),
-            csr_dst=dst[csr_order].int(),
-            csr_edge_id=csr_order.int(),
+            dst_offsets=by_dst[0],
+            csc_dst=by_dst[1],
+            csc_src=by_dst[2],
+            csc_edge_id=by_dst[3],
+            dst_without_edges=by_dst[4],
+            src_offsets=by_src[0],
+            csr_src=by_src[1],
+            csr_dst=by_src[2],
+            csr_edge_id=by_src[3],
+            src_without_edges=by_src[4],
         )
+
+
+# Edges between two uses of a gathered row for which the row is assumed to still be in L2: an H100/H200's
+# 50-60 MB hold the rows (k, v, e or q, dO, de; 2 KiB each at H * C = 1024 in bf16) of about 4k edges.
+_CACHE_WINDOW_EDGES = 4096
+# A reordering must save this share of the modelled misses to replace the caller's own node order.
+_MIN_GAIN = 0.05
+
+
+def visiting_order(
+    node: torch.Tensor,  # [M] int64: the node each edge belongs to in this walk
+    neighbour: torch.Tensor,  # [M] int64: the node at the edge's other end, whose rows the walk gathers
+    num_nodes: int,
+) -> torch.Tensor:  # [num_nodes] int64: the nodes in visiting order
+    """The order in which the kernels walk the nodes, chosen so that gathered rows are reused while cached.
+
+    Candidates: the caller's node order, and the nodes sorted by the mean or by the smallest index of their
+    neighbours (nodes that share neighbours become adjacent, e.g. hidden nodes of an encoder whose data nodes
+    are numbered row by row). Each is scored by a reuse-distance model: a gather misses unless the same row
+    was gathered at most _CACHE_WINDOW_EDGES steps before. Measured (benchmarks/NOTES.md, v2), the model ranks
+    the orders as the kernels' times do.
+    """
+    identity = torch.arange(num_nodes, device=node.device)
+    if node.numel() == 0:
+        return identity
+    degree = torch.bincount(node, minlength=num_nodes).clamp_min(1)
+    mean_neighbour = torch.zeros(num_nodes, dtype=torch.float64, device=node.device)
+    mean_neighbour.index_add_(0, node, neighbour.double())
+    mean_neighbour /= degree
+    min_neighbour = torch.full((num_nodes,), neighbour.numel(), dtype=torch.int64, device=node.device)
+    min_neighbour.scatter_reduce_(0, node, neighbour, reduce="amin")
+    best, best_misses = identity, _modelled_misses(node, neighbour, identity)
+    for key in (mean_neighbour, min_neighbour):
+        order = torch.argsort(key, stable=True)
+        misses = _modelled_misses(node, neighbour, order)
+        if misses < (1 - _MIN_GAIN) * best_misses:
+            best, best_misses = order, misses
+    return best
+
+
+def _modelled_misses(node, neighbour, order) -> int:
+    stream = neighbour[_walk_positions(node, order)]
+    by_row = torch.argsort(stream, stable=True)  # positions of each row's uses, in walk order
+    same_row = stream[by_row[1:]] == stream[by_row[:-1]]
+    reused = same_row & (by_row[1:] - by_row[:-1] <= _CACHE_WINDOW_EDGES)
+    return stream.numel() - int(reused.sum())
+
+
+def _walk_positions(node, order):
+    """Edge indices sorted by the visiting slot of their node (stable: caller's order within a node)."""
+    slot_of_node = torch.empty_like(order)
+    slot_of_node[order] = torch.arange(order.numel(), device=order.device)
+    return torch.argsort(slot_of_node[node], stable=True)
+
+
+def _checked_order(order, num_nodes: int, name: str, device) -> torch.Tensor | None:
+    if order is None:
+        return None
+    if not isinstance(order, torch.Tensor) or order.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be an int64 or int32 tensor")
+    order = order.to(device=device, dtype=torch.int64)
+    if order.shape != (num_nodes,) or not torch.equal(torch.sort(order).values, torch.arange(num_nodes, device=device)):
+        raise ValueError(f"{name} must be a permutation of the {num_nodes} nodes")
+    return order
+
+
+def _edge_walk(node, neighbour, order, degree):
+    """(offsets by slot, node, neighbour and caller's edge id of every position, nodes without edges)."""
+    positions = _walk_positions(node, order)
+    return (
+        _offsets(degree[order]),
+        node[positions].int(),
+        neighbour[positions].int(),
+        positions.int(),
+        torch.nonzero(degree == 0).flatten(),
+    )
 
 
 def check_edge_index(

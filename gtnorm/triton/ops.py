@@ -30,12 +30,16 @@ def graph_attention_forward(
     edge_attr: Tensor | None,  # [M, H, C]
     q_norm_weight: Tensor | None,  # [C]
     k_norm_weight: Tensor | None,  # [C]
-    dst_offsets: Tensor,  # [N_dst + 1] int32
+    dst_offsets: Tensor,  # [N_dst + 1] int32, by slot
+    csc_dst: Tensor,  # [M] int32
     csc_src: Tensor,  # [M] int32
     csc_edge_id: Tensor,  # [M] int32
-    src_offsets: Tensor,  # [N_src + 1] int32 (for the backward)
+    dst_without_edges: Tensor,  # [K_dst] int64
+    src_offsets: Tensor,  # [N_src + 1] int32, by slot (for the backward)
+    csr_src: Tensor,  # [M] int32 (for the backward)
     csr_dst: Tensor,  # [M] int32 (for the backward)
     csr_edge_id: Tensor,  # [M] int32 (for the backward)
+    src_without_edges: Tensor,  # [K_src] int64 (for the backward)
     qk_norm: bool,
     eps: float,
 ) -> tuple[Tensor, Tensor]:
@@ -45,29 +49,30 @@ def graph_attention_forward(
     lse = new_output((num_dst, num_heads), torch.float32, query.device)
     if num_dst == 0:
         return out, lse
-    cfg = attention_launch_config(num_heads, head_dim)
-    launch = cfg.forward
+    launch = attention_launch_config(num_heads, head_dim)
+    fwd = launch.forward
+    num_stages = launch.forward_stages(csc_src.numel() / num_dst)
     with device_guard(query.device):
-        graph_attention_forward_kernel[(num_dst, launch.head_groups)](
+        _zero_rows((out, lse), dst_without_edges)
+        graph_attention_forward_kernel[(num_dst, fwd.head_groups)](
             query, key, value,
             edge_attr if edge_attr is not None else query,
             q_norm_weight if q_norm_weight is not None else query,
             k_norm_weight if k_norm_weight is not None else query,
-            dst_offsets, csc_src, csc_edge_id,
+            dst_offsets, csc_dst, csc_src, csc_edge_id,
             out, lse,
             num_heads, head_dim, LOG2E / math.sqrt(head_dim), eps,
             HAS_EDGE_ATTR=edge_attr is not None,
             QK_NORM=qk_norm,
             HAS_Q_WEIGHT=q_norm_weight is not None,
             HAS_K_WEIGHT=k_norm_weight is not None,
-            BLOCK_E=launch.block_e, BLOCK_H=launch.block_h, BLOCK_C=cfg.block_c, num_warps=launch.num_warps,
+            BLOCK_H=fwd.block_h, BLOCK_C=launch.block_c, NUM_STAGES=num_stages, num_warps=fwd.num_warps,
         )  # fmt: skip
     return out, lse
 
 
 @graph_attention_forward.register_fake
-def _(query, key, value, edge_attr, q_norm_weight, k_norm_weight, dst_offsets, csc_src, csc_edge_id,
-      src_offsets, csr_dst, csr_edge_id, qk_norm, eps):
+def _(query, key, value, edge_attr, q_norm_weight, k_norm_weight, *layout_and_flags):
     return torch.empty_like(query), query.new_empty(query.shape[:2], dtype=torch.float32)
 
 
@@ -81,12 +86,16 @@ def graph_attention_backward(
     q_norm_weight: Tensor | None,  # [C]
     k_norm_weight: Tensor | None,  # [C]
     lse: Tensor,  # [N_dst, H] fp32
-    dst_offsets: Tensor,  # [N_dst + 1] int32
+    dst_offsets: Tensor,  # [N_dst + 1] int32, by slot
+    csc_dst: Tensor,  # [M] int32
     csc_src: Tensor,  # [M] int32
     csc_edge_id: Tensor,  # [M] int32
-    src_offsets: Tensor,  # [N_src + 1] int32
+    dst_without_edges: Tensor,  # [K_dst] int64
+    src_offsets: Tensor,  # [N_src + 1] int32, by slot
+    csr_src: Tensor,  # [M] int32
     csr_dst: Tensor,  # [M] int32
     csr_edge_id: Tensor,  # [M] int32
+    src_without_edges: Tensor,  # [K_src] int64
     qk_norm: bool,
     eps: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -105,11 +114,12 @@ def graph_attention_backward(
     grad_attn = new_output((num_edges, num_heads), torch.float32, device)
     delta = new_output((num_dst, num_heads), torch.float32, device)
 
-    cfg = attention_launch_config(num_heads, head_dim)
-    by_dst, by_src = cfg.by_destination, cfg.by_source
-    per_program = cfg.nodes_per_program
-    dst_programs = triton.cdiv(num_dst, per_program)
-    src_programs = triton.cdiv(num_src, per_program)
+    launch = attention_launch_config(num_heads, head_dim)
+    by_dst, by_src = launch.by_destination, launch.by_source
+    dst_per_program = by_dst.nodes_per_program(num_edges / max(num_dst, 1))
+    src_per_program = by_src.nodes_per_program(num_edges / max(num_src, 1))
+    dst_programs = triton.cdiv(num_dst, dst_per_program)
+    src_programs = triton.cdiv(num_src, src_per_program)
     with_q_weight = qk_norm and q_norm_weight is not None
     with_k_weight = qk_norm and k_norm_weight is not None
     q_partial_rows = dst_programs * by_dst.head_groups if with_q_weight else 0
@@ -121,35 +131,43 @@ def graph_attention_backward(
         QK_NORM=qk_norm,
         HAS_Q_WEIGHT=q_norm_weight is not None,
         HAS_K_WEIGHT=k_norm_weight is not None,
-        NODES_PER_PROGRAM=per_program,
-        BLOCK_C=cfg.block_c,
+        BLOCK_C=launch.block_c,
     )
     q_weight = q_norm_weight if q_norm_weight is not None else query
     k_weight = k_norm_weight if k_norm_weight is not None else query
     sm_scale = 1.0 / math.sqrt(head_dim)
     with device_guard(device):
+        _zero_rows((grad_query,), dst_without_edges)
+        _zero_rows((grad_key, grad_value), src_without_edges)
         if dst_programs:
             edge_softmax_backward_by_destination_kernel[(dst_programs, by_dst.head_groups)](
                 query, key, value, edge_attr if has_edge_attr else query, q_weight, k_weight,
-                dst_offsets, csc_src, csc_edge_id,
+                dst_offsets, csc_dst, csc_src, csc_edge_id,
                 grad_out, lse,
                 grad_query, attn, grad_attn, delta, q_weight_partial,
-                num_dst, num_heads, head_dim, LOG2E * sm_scale, sm_scale, eps,
-                BLOCK_E=by_dst.block_e, BLOCK_H=by_dst.block_h, num_warps=by_dst.num_warps, **flags,
+                num_dst, dst_per_program, num_heads, head_dim, LOG2E * sm_scale, sm_scale, eps,
+                BLOCK_H=by_dst.block_h, NUM_STAGES=by_dst.num_stages, num_warps=by_dst.num_warps, **flags,
             )  # fmt: skip
         if src_programs:
             edge_softmax_backward_by_source_kernel[(src_programs, by_src.head_groups)](
                 query, key, q_weight, k_weight,
-                src_offsets, csr_dst, csr_edge_id,
+                src_offsets, csr_src, csr_dst, csr_edge_id,
                 grad_out, attn, grad_attn, delta,
                 grad_key, grad_value, grad_edge_attr if has_edge_attr else query, k_weight_partial,
-                num_src, num_heads, head_dim, sm_scale, eps,
-                BLOCK_E=by_src.block_e, BLOCK_H=by_src.block_h, num_warps=by_src.num_warps, **flags,
+                num_src, src_per_program, num_heads, head_dim, sm_scale, eps,
+                BLOCK_H=by_src.block_h, NUM_STAGES=by_src.num_stages, num_warps=by_src.num_warps, **flags,
             )  # fmt: skip
     # Fixed-order sums of the per-program partial rows: bitwise reproducible.
     grad_q_weight = _weight_grad(q_norm_weight, q_weight_partial, with_q_weight, device)
     grad_k_weight = _weight_grad(k_norm_weight, k_weight_partial, with_k_weight, device)
     return grad_query, grad_key, grad_value, grad_edge_attr, grad_q_weight, grad_k_weight
+
+
+def _zero_rows(tensors: tuple[Tensor, ...], rows: Tensor) -> None:
+    """Rows of nodes without edges: the kernels never visit them, and their output and gradients are 0."""
+    if rows.numel():
+        for t in tensors:
+            t.index_fill_(0, rows, 0)
 
 
 def _weight_grad(weight: Tensor | None, partial: Tensor, computed: bool, device) -> Tensor:
@@ -161,8 +179,7 @@ def _weight_grad(weight: Tensor | None, partial: Tensor, computed: bool, device)
 
 
 @graph_attention_backward.register_fake
-def _(grad_out, query, key, value, edge_attr, q_norm_weight, k_norm_weight, lse, dst_offsets, csc_src,
-      csc_edge_id, src_offsets, csr_dst, csr_edge_id, qk_norm, eps):
+def _(grad_out, query, key, value, edge_attr, q_norm_weight, k_norm_weight, *layout_and_flags):
     def grad_or_empty(t):
         return torch.empty_like(t) if t is not None else query.new_empty((0,), dtype=torch.float32)
 
@@ -171,7 +188,7 @@ def _(grad_out, query, key, value, edge_attr, q_norm_weight, k_norm_weight, lse,
             grad_or_empty(q_norm_weight), grad_or_empty(k_norm_weight))
 
 
-_LAYOUT_ARGS = 6  # dst_offsets, csc_src, csc_edge_id, src_offsets, csr_dst, csr_edge_id
+_LAYOUT_ARGS = 10  # GraphLayout.tensors()
 
 
 def _setup_context(ctx, inputs, output):

@@ -1,7 +1,7 @@
 """@triton.jit helpers that move [H, C] node/edge rows between memory and fp32 register tiles.
 
 Every [N, H, C] tensor is contiguous, so the BLOCK_H heads a program handles are BLOCK_H*C consecutive
-elements of a row: a gather of BLOCK_E rows reads BLOCK_E contiguous segments. Row indices are widened to int64
+elements of a row, read or written as one contiguous segment. Row indices are widened to int64
 before the multiply, because M*H*C passes 2**31 on the largest graphs.
 """
 
@@ -33,44 +33,13 @@ def store_row(ptr, row, offsets, mask, row_len, value):
 
 
 @triton.jit
-def gather_rows(ptr, rows, row_mask, offsets, mask, row_len):
-    """Rows ``rows`` [BLOCK_E] of a [n, H, C] tensor as fp32 [BLOCK_E, BLOCK_H, BLOCK_C]."""
-    ptrs = ptr + rows.to(tl.int64)[:, None, None] * row_len + offsets[None, :, :]
-    return tl.load(ptrs, mask=row_mask[:, None, None] & mask[None, :, :], other=0.0).to(tl.float32)
-
-
-@triton.jit
-def scatter_rows(ptr, rows, row_mask, offsets, mask, row_len, value):
-    ptrs = ptr + rows.to(tl.int64)[:, None, None] * row_len + offsets[None, :, :]
-    tl.store(ptrs, value.to(ptr.dtype.element_ty), mask=row_mask[:, None, None] & mask[None, :, :])
-
-
-@triton.jit
-def mask_if_valid(mask, node, num_nodes):
-    """``mask`` where node < num_nodes, else all False.
-
-    The comparison is made on a block: the interpreter mistypes ``block_mask & scalar_bool``.
-    """
-    return mask & ((mask.to(tl.int32) * 0 + node) < num_nodes)
-
-
-@triton.jit
-def load_incoming_edge_rows(
-    key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr, pos, end, offsets, mask, row_len,
-    HAS_EDGE_ATTR: tl.constexpr,
-):
-    """k, v and e rows [BLOCK_E, BLOCK_H, BLOCK_C] of the edges at CSC positions pos (< end), and their
-    caller's edge ids; e = 0 without edge features."""
-    edge_mask = pos < end
-    src = tl.load(csc_src_ptr + pos, mask=edge_mask, other=0)
-    k = gather_rows(key_ptr, src, edge_mask, offsets, mask, row_len)
-    v = gather_rows(value_ptr, src, edge_mask, offsets, mask, row_len)
-    edge_id = tl.load(csc_edge_id_ptr + pos, mask=edge_mask, other=0)
-    if HAS_EDGE_ATTR:
-        e = gather_rows(edge_attr_ptr, edge_id, edge_mask, offsets, mask, row_len)
-    else:
-        e = tl.zeros_like(k)
-    return k, v, e, edge_id
+def walk_position(node_ptr, pos, start, end):
+    """The node that edge position ``pos`` of a walk belongs to, and whether pos is the node's first and its
+    last position within the program's run ``start .. end`` (the run holds whole nodes)."""
+    node = tl.load(node_ptr + pos)
+    prev_node = tl.load(node_ptr + pos - 1, mask=pos > start, other=-1)
+    next_node = tl.load(node_ptr + pos + 1, mask=pos + 1 < end, other=-1)
+    return node, node != prev_node, node != next_node
 
 
 @triton.jit

@@ -8,8 +8,11 @@ Tolerances (relative Frobenius error against the PyG reference run in float64 on
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+import triton
 
 import gtnorm
 from gtnorm import _runtime
@@ -218,14 +221,63 @@ def test_result_does_not_depend_on_edge_order():
         assert rel_error(grads_s[name], grads[name]) < 1e-5, name
 
 
+_RANGE_OVER_LOADED_BOUNDS = not _runtime.interpreter_active() or tuple(
+    int(part) for part in triton.__version__.split(".")[:2]
+) >= (3, 9)
+
+
+@pytest.mark.parametrize("num_stages", [0, 1, 3], ids=["while_loop", "range_loop", "pipelined_range_loop"])
+def test_both_loop_forms_match_reference(num_stages, monkeypatch):
+    """The kernels' edge loops come in two forms (config.py): range() for the compiler, while for the
+    interpreter. Whichever this platform runs by default, the other is checked here too."""
+    if num_stages and not _RANGE_OVER_LOADED_BOUNDS:
+        pytest.skip("this Triton's interpreter cannot run range() over loaded bounds")
+    default = ops.attention_launch_config
+
+    def with_stages(num_heads, head_dim):
+        cfg = default(num_heads, head_dim)
+        kernels = ("forward", "by_destination", "by_source")
+        change = {k: dataclasses.replace(getattr(cfg, k), num_stages=num_stages) for k in kernels}
+        return dataclasses.replace(cfg, **change)
+
+    monkeypatch.setattr(ops, "attention_launch_config", with_stages)
+    graph = make_graph("encoder_like")
+    inputs = make_inputs(graph, 3, 5, torch.float64)
+    grad_out = torch.randn(graph.num_dst, 3, 5, dtype=torch.float64)
+    ref_out, ref_grads = run_reference(leaf_copies(inputs, torch.float64, "cpu"), graph, grad_out, True)
+    out, grads = run_gtnorm(leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out.to(DEVICE), True)
+    assert rel_error(out, ref_out) < 1e-5
+    for name, grad in grads.items():
+        assert rel_error(grad, ref_grads[name]) < 1e-5, name
+
+
+@pytest.mark.parametrize("graph_name", ["encoder_like", "decoder_like"])
+def test_result_does_not_depend_on_visiting_order(graph_name):
+    graph = make_graph(graph_name)
+    inputs = make_inputs(graph, 3, 5, torch.float32)
+    grad_out = torch.randn(graph.num_dst, 3, 5, device=DEVICE)
+    out, grads = run_gtnorm(leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out, True)
+    shuffled = gtnorm.GraphLayout.from_edge_index(
+        graph.edge_index.to(DEVICE), (graph.num_src, graph.num_dst),
+        dst_order=torch.randperm(graph.num_dst), src_order=torch.randperm(graph.num_src),
+    )  # fmt: skip
+    out_s, grads_s = run_gtnorm(leaf_copies(inputs, torch.float32, DEVICE), shuffled, grad_out, True)
+    # Every node's sums run over its edges in the same order: only the weight gradients' partial sums differ.
+    assert torch.equal(out_s, out)
+    for name in grads:
+        if name.endswith("norm_weight"):
+            assert rel_error(grads_s[name], grads[name]) < 1e-5, name
+        else:
+            assert torch.equal(grads_s[name], grads[name]), name
+
+
 def _op_args(graph, heads, channels, dtype, qk_norm=True, requires_grad=True):
     inputs = leaf_copies(make_inputs(graph, heads, channels, torch.float32, qk_norm=qk_norm), dtype, DEVICE)
     for v in inputs.values():
         if v is not None:
             v.requires_grad_(requires_grad)
     layout = layout_of(graph)
-    layout_args = (layout.dst_offsets, layout.csc_src, layout.csc_edge_id, layout.src_offsets, layout.csr_dst,
-                   layout.csr_edge_id)
+    layout_args = layout.tensors()
     return inputs, layout_args
 
 

@@ -4,35 +4,76 @@ import pytest
 import torch
 
 from gtnorm import GraphLayout
+from gtnorm.triton.layout import visiting_order
 from tests.conftest import DEVICE
 from tests.graphs import GRAPH_BUILDERS, make_graph
 
 
+def _check_walk(offsets, walk_node, walk_neighbour, edge_id, without_edges, node, neighbour, num_nodes):
+    """One walk of the layout: slots cover every node once, a slot's positions hold exactly that node's edges
+    in the caller's order, and every position points back at its edge."""
+    offsets, walk_node, edge_id = offsets.long().cpu(), walk_node.long().cpu(), edge_id.long().cpu()
+    assert torch.equal(torch.sort(edge_id).values, torch.arange(node.numel()))
+    assert torch.equal(walk_node, node[edge_id])
+    assert torch.equal(walk_neighbour.long().cpu(), neighbour[edge_id])
+    degree = torch.bincount(node, minlength=num_nodes)
+    visited = []
+    for slot in range(num_nodes):
+        edges = edge_id[offsets[slot] : offsets[slot + 1]]
+        if edges.numel():
+            assert (node[edges] == node[edges[0]]).all()
+            assert edges.numel() == degree[node[edges[0]]]
+            assert torch.equal(edges, torch.sort(edges).values)  # stable: caller's order within a node
+            visited.append(int(node[edges[0]]))
+    assert len(set(visited)) == len(visited)
+    assert sorted(visited + without_edges.cpu().tolist()) == list(range(num_nodes))
+    assert torch.equal(without_edges.cpu(), torch.nonzero(degree == 0).flatten())
+
+
 @pytest.mark.parametrize("graph_name", list(GRAPH_BUILDERS))
-def test_orders_cover_every_edge_once(graph_name):
+@pytest.mark.parametrize("given_order", [False, True], ids=["chosen_order", "given_order"])
+def test_walks_cover_every_edge_once(graph_name, given_order):
     graph = make_graph(graph_name, scale=1)
     src, dst = graph.edge_index
-    layout = GraphLayout.from_edge_index(graph.edge_index.to(DEVICE), (graph.num_src, graph.num_dst))
+    orders = {}
+    if given_order:
+        orders = dict(dst_order=torch.randperm(graph.num_dst), src_order=torch.randperm(graph.num_src))
+    layout = GraphLayout.from_edge_index(graph.edge_index.to(DEVICE), (graph.num_src, graph.num_dst), **orders)
     assert (layout.num_src, layout.num_dst, layout.num_edges) == (graph.num_src, graph.num_dst, src.numel())
-
-    csc_edge_id = layout.csc_edge_id.long().cpu()
-    assert torch.equal(torch.sort(csc_edge_id).values, torch.arange(src.numel()))
-    assert torch.equal(layout.csc_src.long().cpu(), src[csc_edge_id])
-    dst_offsets = layout.dst_offsets.long().cpu()
-    for node in range(graph.num_dst):
-        incoming = csc_edge_id[dst_offsets[node] : dst_offsets[node + 1]]
-        assert (dst[incoming] == node).all()
-        assert torch.equal(incoming, torch.sort(incoming).values)  # stable: caller's order within a node
-
-    csr_edge_id = layout.csr_edge_id.long().cpu()
-    assert torch.equal(torch.sort(csr_edge_id).values, torch.arange(src.numel()))
-    assert torch.equal(layout.csr_dst.long().cpu(), dst[csr_edge_id])
-    src_offsets = layout.src_offsets.long().cpu()
-    for node in range(graph.num_src):
-        assert (src[csr_edge_id[src_offsets[node] : src_offsets[node + 1]]] == node).all()
-
+    _check_walk(layout.dst_offsets, layout.csc_dst, layout.csc_src, layout.csc_edge_id, layout.dst_without_edges,
+                dst, src, graph.num_dst)
+    _check_walk(layout.src_offsets, layout.csr_src, layout.csr_dst, layout.csr_edge_id, layout.src_without_edges,
+                src, dst, graph.num_src)
+    if given_order:  # slot s holds node order[s] (nodes without edges have empty slots)
+        first = layout.csc_dst.long().cpu()[layout.dst_offsets.long().cpu()[:-1].clamp(max=src.numel() - 1)]
+        has_edges = layout.dst_offsets[1:].cpu() > layout.dst_offsets[:-1].cpu()
+        assert torch.equal(first[has_edges], orders["dst_order"][has_edges])
     assert layout.max_in_degree == int(torch.bincount(dst, minlength=graph.num_dst).max())
     assert layout.max_out_degree == int(torch.bincount(src, minlength=graph.num_src).max())
+
+
+def test_visiting_order_groups_nodes_that_share_neighbours():
+    # Destination d reads sources 4 * (d % 2048) ... + 3: in the caller's order, nodes sharing sources are 2048
+    # slots apart (past the cache window of the model); sorted by their neighbours they become adjacent.
+    num_dst = 4096
+    dst = torch.arange(num_dst).repeat_interleave(4)
+    src = 4 * (dst % 2048) + torch.arange(4).repeat(num_dst)
+    order = visiting_order(dst, src, num_dst)
+    slot = torch.empty_like(order)
+    slot[order] = torch.arange(num_dst)
+    assert ((slot[:2048] - slot[2048:]).abs() == 1).all()
+    # Already local: the caller's order is kept.
+    assert torch.equal(visiting_order(src, dst, int(src.max()) + 1), torch.arange(int(src.max()) + 1))
+
+
+def test_bad_order_raises():
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    with pytest.raises(ValueError, match="permutation"):
+        GraphLayout.from_edge_index(edge_index, 3, dst_order=torch.tensor([0, 0, 1]))
+    with pytest.raises(ValueError, match="permutation"):
+        GraphLayout.from_edge_index(edge_index, 3, src_order=torch.arange(4))
+    with pytest.raises(TypeError, match="int64 or int32"):
+        GraphLayout.from_edge_index(edge_index, 3, src_order=torch.arange(3.0))
 
 
 def test_num_nodes_forms():
