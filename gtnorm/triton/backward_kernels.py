@@ -5,7 +5,9 @@ a_ij = softmax_j(s_ij), out_i = sum_j a_ij (v_j + e_ij), dO = dL/dout.
 
 Each pass walks, per program, one contiguous stretch of edges that holds a run of consecutive node slots
 (GraphLayout), one edge per step, restarting its sums at every node's first edge and finishing the node at
-its last (see forward_kernel.py for why one loop over the stretch).
+its last: one loop over the stretch, not one per node, lets Triton's software pipeliner keep the next
+edges' rows in flight across node boundaries (sources of the encoders have ~1.6 edges, too few to hide a
+load's latency on their own).
 
 Pass 1, by destination:
     da_ij = <dO_i, v_j + e_ij>,   D_i = sum_j a_ij da_ij / sum_j a_ij   (= <dO_i, out_i>, from fp32 terms)
@@ -18,8 +20,8 @@ Pass 1, by destination:
 Pass 2, by source:
     dS_ij = a_ij (da_ij - D_i),  dv_j = sum_i a_ij dO_i,  dk'_j = sum_i dS_ij q'_i / sqrt(C),
     de_ij = a_ij dO_i + dS_ij q'_i / sqrt(C)   (written in the caller's edge order).
-Each pass ends with the RMSNorm backward of its own rows (from the raw q or k and a recomputed rstd) and
-adds those rows' weight-gradient terms to an fp32 partial row of its own; the host sums the partial rows
+Each pass finishes a node with the RMSNorm backward of its row (from the raw q or k and a recomputed rstd) and
+adds that row's weight-gradient terms to an fp32 partial row of its own; the host sums the partial rows
 in a fixed order, so the weight gradients are bitwise reproducible.
 """
 
@@ -31,6 +33,7 @@ from gtnorm.triton.tiles import (
     load_norm_weight,
     load_row,
     normalize_heads,
+    program_edge_run,
     row_tile_offsets,
     store_row,
     walk_position,
@@ -134,9 +137,7 @@ def edge_softmax_backward_by_destination_kernel(
     offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
     w_q = load_norm_weight(q_weight_ptr, C, HAS_Q_WEIGHT, BLOCK_C)
     w_k = load_norm_weight(k_weight_ptr, C, HAS_K_WEIGHT, BLOCK_C)
-    first_slot = tl.program_id(0) * nodes_per_program
-    start = tl.load(dst_offsets_ptr + first_slot)
-    end = tl.load(dst_offsets_ptr + tl.minimum(first_slot + nodes_per_program, num_dst))
+    start, end = program_edge_run(dst_offsets_ptr, nodes_per_program, num_dst)
 
     grad_w_q = tl.zeros([BLOCK_C], tl.float32)
     delta = tl.zeros([BLOCK_H], tl.float32)
@@ -247,9 +248,7 @@ def edge_softmax_backward_by_source_kernel(
     offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
     w_q = load_norm_weight(q_weight_ptr, C, HAS_Q_WEIGHT, BLOCK_C)
     w_k = load_norm_weight(k_weight_ptr, C, HAS_K_WEIGHT, BLOCK_C)
-    first_slot = tl.program_id(0) * nodes_per_program
-    start = tl.load(src_offsets_ptr + first_slot)
-    end = tl.load(src_offsets_ptr + tl.minimum(first_slot + nodes_per_program, num_src))
+    start, end = program_edge_run(src_offsets_ptr, nodes_per_program, num_src)
 
     grad_w_k = tl.zeros([BLOCK_C], tl.float32)
     grad_v = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)

@@ -33,6 +33,16 @@ def store_row(ptr, row, offsets, mask, row_len, value):
 
 
 @triton.jit
+def program_edge_run(offsets_ptr, nodes_per_program, num_nodes):
+    """The stretch ``start .. end`` of walk positions this program takes: the edges of its run of
+    ``nodes_per_program`` consecutive slots (``offsets_ptr``: [num_nodes + 1] by slot)."""
+    first_slot = tl.program_id(0) * nodes_per_program
+    start = tl.load(offsets_ptr + first_slot)
+    end = tl.load(offsets_ptr + tl.minimum(first_slot + nodes_per_program, num_nodes))
+    return start, end
+
+
+@triton.jit
 def walk_position(node_ptr, pos, start, end):
     """The node that edge position ``pos`` of a walk belongs to, and whether pos is the node's first and its
     last position within the program's run ``start .. end`` (the run holds whole nodes)."""
