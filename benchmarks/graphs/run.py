@@ -1,4 +1,5 @@
-"""The graph benchmark: RMSNorm on q and k + graph-transformer attention, five ways, on Anemoi-sized graphs.
+"""The graph benchmark: RMSNorm on q and k + graph-transformer attention, five ways (and once without
+the norm), on Anemoi-sized graphs.
 
     python -m benchmarks.graphs [--suite full|small|tiny | --graphs NAME ...] [--dtype bfloat16]
                                 [--heads 16] [--channels 64] [--variants ...] [--out DIR] [--no-plot] [--no-check]

@@ -1,5 +1,6 @@
 """The five ways of computing RMSNorm on q and k followed by graph-transformer attention that the benchmark
-compares, all on the same inputs and the same norm weights."""
+compares, all on the same inputs and the same norm weights, and the same attention without the norm (what the
+fused norm's cost is measured against)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from torch import Tensor
 import gtnorm
 from gtnorm.nn.reference import reference_graph_transformer_attention
 
-VARIANTS = ("pyg", "pyg_compiled", "unfused", "unfused_compiled_norm", "fused")
+VARIANTS = ("pyg", "pyg_compiled", "unfused", "unfused_compiled_norm", "fused", "no_norm")
 COMPILED_VARIANTS = frozenset({"pyg_compiled", "unfused_compiled_norm"})
 DESCRIPTIONS = {
     "pyg": "torch.nn.RMSNorm on q, k + the PyG MessagePassing of GraphTransformerConv(backend='pyg'), eager",
@@ -21,6 +22,8 @@ DESCRIPTIONS = {
     "unfused": "gtnorm.rms_norm on q, k + gtnorm.graph_transformer_attention(qk_norm=False)",
     "unfused_compiled_norm": "torch.compile'd F.rms_norm on q, k + gtnorm.graph_transformer_attention(qk_norm=False)",
     "fused": "gtnorm.graph_transformer_attention(qk_norm=True): RMSNorm inside the attention kernels",
+    "no_norm": "gtnorm.graph_transformer_attention(qk_norm=False) on the raw q, k: the same kernels without the "
+    "norm, so another function (not in the accuracy check); what the fused norm's cost is measured against",
 }
 
 
@@ -137,6 +140,8 @@ def build_variant(name: str, inputs: BenchInputs) -> Variant:
             ),
             leaves,
         )
+    if name == "no_norm":
+        return Variant(name, lambda: gtnorm.graph_transformer_attention(q, k, v, e, layout), (q, k, v, e))
     if name == "unfused":
         norm = lambda x, w: gtnorm.rms_norm(x, channels, w, eps)
     elif name == "unfused_compiled_norm":

@@ -117,7 +117,7 @@ def edge_softmax_backward_by_destination_kernel(
     grad_attn_ptr,  # [M, H] fp32 out: da = <dO, v + e>, by caller's edge id
     delta_ptr,  # [N_dst, H] fp32 out: D
     q_weight_grad_partial_ptr,  # [programs, C] fp32 out, a row per program (unused without the weight)
-    num_dst,
+    num_slots,  # destinations with edges (they hold the first slots)
     nodes_per_program,
     H,
     C,
@@ -137,7 +137,7 @@ def edge_softmax_backward_by_destination_kernel(
     offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
     w_q = load_norm_weight(q_weight_ptr, C, HAS_Q_WEIGHT, BLOCK_C)
     w_k = load_norm_weight(k_weight_ptr, C, HAS_K_WEIGHT, BLOCK_C)
-    start, end = program_edge_run(dst_offsets_ptr, nodes_per_program, num_dst)
+    start, end = program_edge_run(dst_offsets_ptr, nodes_per_program, num_slots)
 
     grad_w_q = tl.zeros([BLOCK_C], tl.float32)
     delta = tl.zeros([BLOCK_H], tl.float32)
@@ -198,8 +198,9 @@ def _by_source_step(
     if HAS_EDGE_ATTR:
         store_row(grad_edge_attr_ptr, edge_id, offsets, mask, row_len, a_d_out + grad_s_q)
     if QK_NORM:
-        # Read at every edge, not only at the last, for the same reason as the destination rows of pass 1.
-        k_raw = load_row(key_ptr, node, offsets, mask, row_len)
+        # Loaded outside the branch so that the pipeliner prefetches it, masked so that only a node's last edge
+        # moves bytes (tl.where: the interpreter cannot AND a block mask with a scalar flag).
+        k_raw = load_row(key_ptr, node, offsets, tl.where(last, mask, False), row_len)
     if last:
         grad_key = grad_k
         if QK_NORM:
@@ -230,7 +231,7 @@ def edge_softmax_backward_by_source_kernel(
     grad_value_ptr,  # [N_src, H, C] out, likewise
     grad_edge_attr_ptr,  # [M, H, C] caller's edge order (unused without HAS_EDGE_ATTR)
     k_weight_grad_partial_ptr,  # [programs, C] fp32 out, a row per program (unused without the weight)
-    num_src,
+    num_slots,  # sources with edges (they hold the first slots)
     nodes_per_program,
     H,
     C,
@@ -248,7 +249,7 @@ def edge_softmax_backward_by_source_kernel(
     offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
     w_q = load_norm_weight(q_weight_ptr, C, HAS_Q_WEIGHT, BLOCK_C)
     w_k = load_norm_weight(k_weight_ptr, C, HAS_K_WEIGHT, BLOCK_C)
-    start, end = program_edge_run(src_offsets_ptr, nodes_per_program, num_src)
+    start, end = program_edge_run(src_offsets_ptr, nodes_per_program, num_slots)
 
     grad_w_k = tl.zeros([BLOCK_C], tl.float32)
     grad_v = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)

@@ -2,7 +2,7 @@
 
 Nothing here benchmarks: a new graph never triggers a tuning run, the per-graph numbers (nodes per backward
 program) are runtime arguments, and the forward's pipeline depth takes one of two values, so at most two
-forward variants get compiled. The numbers come from sweeps on an H100 (benchmarks/NOTES.md, v2): the kernels
+forward variants get compiled. The numbers come from sweeps on an H100 (benchmarks/NOTES.md, v2-v3): the kernels
 are bound by the latency of dependent gathers (edge index, then the rows it points to), so what pays is many
 small, register-light programs per SM whose loads the software pipeliner keeps in flight.
 """
@@ -23,10 +23,16 @@ _BY_DESTINATION_ROW_SLICE = 512
 _BY_SOURCE_ROW_SLICE = 1024
 # Edges one backward program walks (rounded to whole nodes): enough for the pipeline's fill and drain to be
 # amortised, few enough for many programs and small weight-gradient partials (one fp32 row per program).
-_BACKWARD_EDGES_PER_PROGRAM = 32
+_BACKWARD_EDGES_PER_PROGRAM = 16
+# The by-destination pass holds the most state; capped at 160 registers, 12 rather than 11 one-warp programs
+# fit an SM (65536 registers), which paid more than the compiler's own choice (185, no spills either way).
+_BY_DESTINATION_MAX_REGISTERS = 160
 # The forward pipelines its per-node edge loop only where nodes have many edges (encoders, ~16): on the
 # decoder's 3-edge nodes the pipeline's fill cost more than it hid (NOTES.md, v2).
 _FORWARD_PIPELINE_MIN_DEGREE = 8.0
+# ... and only for rows of at least this many elements (H * C): on short rows (H = 5, C = 24) the pipeline's
+# round trip through shared memory cost more than it hid (NOTES.md, v3).
+_FORWARD_PIPELINE_MIN_ROW = 512
 
 
 @dataclass(frozen=True)
@@ -35,7 +41,11 @@ class KernelLaunch:
     head_groups: int  # programs along the head axis
     num_warps: int
     num_stages: int  # software-pipeline depth of the edge loop; 0: a plain while loop (the interpreter)
-    edges_per_program: int = 1  # backward passes: target length of a program's stretch of edges
+    edges_per_program: int = 1  # target number of edges per program (whole nodes)
+    max_registers: int = 0  # the compiler's register cap per thread (maxnreg); 0: its own choice
+
+    def compile_options(self) -> dict:
+        return {"maxnreg": self.max_registers} if self.max_registers else {}
 
     def nodes_per_program(self, mean_degree: float) -> int:
         return max(1, round(self.edges_per_program / max(mean_degree, 1.0)))
@@ -66,11 +76,15 @@ def attention_launch_config(num_heads: int, head_dim: int) -> AttentionLaunchCon
     per_program = _BACKWARD_EDGES_PER_PROGRAM
     return AttentionLaunchConfig(
         block_c=block_c,
-        forward=_launch(num_heads, block_c, _FORWARD_ROW_SLICE, num_warps=4, num_stages=3),
+        forward=_launch(
+            num_heads, block_c, _FORWARD_ROW_SLICE, num_warps=4,
+            num_stages=3 if num_heads * head_dim >= _FORWARD_PIPELINE_MIN_ROW else 1,
+        ),
         by_destination=_launch(
-            num_heads, block_c, _BY_DESTINATION_ROW_SLICE, num_warps=1, num_stages=4, edges_per_program=per_program
+            num_heads, block_c, _BY_DESTINATION_ROW_SLICE, num_warps=1, num_stages=3, edges_per_program=per_program,
+            max_registers=_BY_DESTINATION_MAX_REGISTERS,
         ),
         by_source=_launch(
-            num_heads, block_c, _BY_SOURCE_ROW_SLICE, num_warps=2, num_stages=3, edges_per_program=per_program
+            num_heads, block_c, _BY_SOURCE_ROW_SLICE, num_warps=2, num_stages=4, edges_per_program=per_program
         ),
     )

@@ -41,6 +41,44 @@ def _online_softmax_step(
 
 
 @triton.jit
+def _attend_node(
+    slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr,
+    csc_edge_id_ptr, out_ptr, lse_ptr, w_q, w_k, offsets, mask, offs_h, H, C, score_scale, eps,
+    HAS_EDGE_ATTR: tl.constexpr, QK_NORM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """Output row and lse of the destination in ``slot`` (which has edges)."""
+    row_len = H * C
+    # The node and its edge range are independent loads: the query row does not wait for the offsets.
+    node = tl.load(dst_by_slot_ptr + slot)
+    start = tl.load(dst_offsets_ptr + slot)
+    end = tl.load(dst_offsets_ptr + slot + 1)
+    q, _ = normalize_heads(load_row(query_ptr, node, offsets, mask, row_len), w_q, C, eps, QK_NORM)
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    denom = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
+    if NUM_STAGES > 0:
+        # With NUM_STAGES > 1 the pipeliner issues the loads of the next steps (cp.async into shared memory)
+        # while this step computes; that pays on nodes with many edges (config.py).
+        for pos in tl.range(start, end, num_stages=NUM_STAGES):
+            m, denom, acc = _online_softmax_step(
+                q, m, denom, acc, w_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
+                offsets, mask, row_len, C, score_scale, eps, HAS_EDGE_ATTR, QK_NORM,
+            )  # fmt: skip
+    else:
+        # The interpreter of older Triton cannot take loaded loop bounds in range(); a while loop it can.
+        pos = start
+        while pos < end:
+            m, denom, acc = _online_softmax_step(
+                q, m, denom, acc, w_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
+                offsets, mask, row_len, C, score_scale, eps, HAS_EDGE_ATTR, QK_NORM,
+            )  # fmt: skip
+            pos += 1
+    store_row(out_ptr, node, offsets, mask, row_len, acc / denom[:, None])
+    tl.store(lse_ptr + node.to(tl.int64) * H + offs_h, m + tl.log2(denom), mask=offs_h < H)
+
+
+@triton.jit
 def graph_attention_forward_kernel(
     query_ptr,  # [N_dst, H, C]
     key_ptr,  # [N_src, H, C]
@@ -49,11 +87,13 @@ def graph_attention_forward_kernel(
     q_weight_ptr,  # [C] (unused without HAS_Q_WEIGHT)
     k_weight_ptr,  # [C] (unused without HAS_K_WEIGHT)
     dst_offsets_ptr,  # [N_dst + 1] int32, by slot
-    csc_dst_ptr,  # [M] int32
+    dst_by_slot_ptr,  # [N_dst] int32
     csc_src_ptr,  # [M] int32
     csc_edge_id_ptr,  # [M] int32
     out_ptr,  # [N_dst, H, C]; rows of nodes without edges are left to the caller
     lse_ptr,  # [N_dst, H] fp32: log2-sum-exp2 of the scores, what the backward needs to rebuild a
+    num_slots,  # destinations with edges (they hold the first slots)
+    nodes_per_program,
     H,
     C,
     score_scale,  # log2(e) / sqrt(C)
@@ -66,36 +106,26 @@ def graph_attention_forward_kernel(
     BLOCK_C: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
-    slot = tl.program_id(0)
-    start = tl.load(dst_offsets_ptr + slot)
-    end = tl.load(dst_offsets_ptr + slot + 1)
-    if start < end:
-        row_len = H * C
-        # Heads are independent (the norm is per head), so a program may take a group of BLOCK_H of them.
-        offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
-        w_q = load_norm_weight(q_weight_ptr, C, HAS_Q_WEIGHT, BLOCK_C)
-        w_k = load_norm_weight(k_weight_ptr, C, HAS_K_WEIGHT, BLOCK_C)
-        node = tl.load(csc_dst_ptr + start)
-        q, _ = normalize_heads(load_row(query_ptr, node, offsets, mask, row_len), w_q, C, eps, QK_NORM)
-        m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        denom = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
-        if NUM_STAGES > 0:
-            # With NUM_STAGES > 1 the pipeliner issues the loads of the next steps (cp.async into shared memory)
-            # while this step computes; that pays on nodes with many edges (config.py).
-            for pos in tl.range(start, end, num_stages=NUM_STAGES):
-                m, denom, acc = _online_softmax_step(
-                    q, m, denom, acc, w_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
-                    offsets, mask, row_len, C, score_scale, eps, HAS_EDGE_ATTR, QK_NORM,
-                )  # fmt: skip
-        else:
-            # The interpreter of older Triton cannot take loaded loop bounds in range(); a while loop it can.
-            pos = start
-            while pos < end:
-                m, denom, acc = _online_softmax_step(
-                    q, m, denom, acc, w_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
-                    offsets, mask, row_len, C, score_scale, eps, HAS_EDGE_ATTR, QK_NORM,
-                )  # fmt: skip
-                pos += 1
-        store_row(out_ptr, node, offsets, mask, row_len, acc / denom[:, None])
-        tl.store(lse_ptr + node.to(tl.int64) * H + offs_h, m + tl.log2(denom), mask=offs_h < H)
+    # Heads are independent (the norm is per head), so a program may take a group of BLOCK_H of them.
+    offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
+    w_q = load_norm_weight(q_weight_ptr, C, HAS_Q_WEIGHT, BLOCK_C)
+    w_k = load_norm_weight(k_weight_ptr, C, HAS_K_WEIGHT, BLOCK_C)
+    if NUM_STAGES > 1:
+        # Pipelined kernels walk a run of slots in a loop: even for runs of one slot this form measured 4-7 %
+        # faster on the encoders than the plain one (benchmarks/NOTES.md, v3); the unpipelined (low-degree)
+        # kernel is faster without it.
+        slot = tl.program_id(0) * nodes_per_program
+        last_slot = tl.minimum(slot + nodes_per_program, num_slots)
+        while slot < last_slot:
+            _attend_node(
+                slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr,
+                csc_edge_id_ptr, out_ptr, lse_ptr, w_q, w_k, offsets, mask, offs_h, H, C, score_scale, eps,
+                HAS_EDGE_ATTR, QK_NORM, BLOCK_H, BLOCK_C, NUM_STAGES,
+            )  # fmt: skip
+            slot += 1
+    else:
+        _attend_node(
+            tl.program_id(0), query_ptr, key_ptr, value_ptr, edge_attr_ptr, dst_offsets_ptr, dst_by_slot_ptr,
+            csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr, w_q, w_k, offsets, mask, offs_h, H, C, score_scale, eps,
+            HAS_EDGE_ATTR, QK_NORM, BLOCK_H, BLOCK_C, NUM_STAGES,
+        )  # fmt: skip

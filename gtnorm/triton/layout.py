@@ -20,10 +20,11 @@ _INT32_MAX = 2**31 - 1
 class GraphLayout:
     """Both edge orders of one graph, on the graph's device.
 
-    Destination nodes are visited in ``slot`` order (a permutation of the nodes): the incoming edges of the
-    node in slot s sit at positions ``dst_offsets[s]:dst_offsets[s + 1]`` of the ``csc_*`` arrays, so a run of
-    consecutive slots is one contiguous run of edges, which one kernel program walks without restarting at
-    every node. Sources likewise with ``src_offsets`` and the ``csr_*`` arrays.
+    Destination nodes are visited in ``slot`` order (a permutation of the nodes, ``dst_by_slot``): the incoming
+    edges of the node in slot s sit at positions ``dst_offsets[s]:dst_offsets[s + 1]`` of the ``csc_*`` arrays,
+    so a run of consecutive slots is one contiguous run of edges, which one kernel program walks without
+    restarting at every node. Nodes without edges take the last slots, so kernels launch over the busy slots
+    only and never branch on an empty one. Sources likewise with ``src_offsets`` and the ``csr_*`` arrays.
     """
 
     num_src: int
@@ -32,6 +33,7 @@ class GraphLayout:
     max_in_degree: int
     max_out_degree: int
     dst_offsets: torch.Tensor  # [N_dst + 1] int32, by slot
+    dst_by_slot: torch.Tensor  # [N_dst] int32: the destination node in each slot
     csc_dst: torch.Tensor  # [M] int32: destination of each edge, by destination slot
     csc_src: torch.Tensor  # [M] int32: source of each edge, by destination slot
     csc_edge_id: torch.Tensor  # [M] int32: caller's index of each edge, by destination slot
@@ -47,6 +49,15 @@ class GraphLayout:
         return self.csc_src.device
 
     @property
+    def dst_with_edges(self) -> int:
+        """Destinations with at least one incoming edge: they hold slots 0 .. dst_with_edges - 1."""
+        return self.num_dst - self.dst_without_edges.numel()
+
+    @property
+    def src_with_edges(self) -> int:
+        return self.num_src - self.src_without_edges.numel()
+
+    @property
     def mean_in_degree(self) -> float:
         return self.num_edges / max(self.num_dst, 1)
 
@@ -57,7 +68,7 @@ class GraphLayout:
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """The index tensors in the order the attention ops take them."""
         return (
-            self.dst_offsets, self.csc_dst, self.csc_src, self.csc_edge_id, self.dst_without_edges,
+            self.dst_offsets, self.dst_by_slot, self.csc_dst, self.csc_src, self.csc_edge_id, self.dst_without_edges,
             self.src_offsets, self.csr_src, self.csr_dst, self.csr_edge_id, self.src_without_edges,
         )  # fmt: skip
 
@@ -101,15 +112,16 @@ class GraphLayout:
             max_in_degree=int(in_degree.max()) if num_dst else 0,
             max_out_degree=int(out_degree.max()) if num_src else 0,
             dst_offsets=by_dst[0],
-            csc_dst=by_dst[1],
-            csc_src=by_dst[2],
-            csc_edge_id=by_dst[3],
-            dst_without_edges=by_dst[4],
+            dst_by_slot=by_dst[1],
+            csc_dst=by_dst[2],
+            csc_src=by_dst[3],
+            csc_edge_id=by_dst[4],
+            dst_without_edges=by_dst[5],
             src_offsets=by_src[0],
-            csr_src=by_src[1],
-            csr_dst=by_src[2],
-            csr_edge_id=by_src[3],
-            src_without_edges=by_src[4],
+            csr_src=by_src[2],
+            csr_dst=by_src[3],
+            csr_edge_id=by_src[4],
+            src_without_edges=by_src[5],
         )
 
 
@@ -178,10 +190,13 @@ def _checked_order(order, num_nodes: int, name: str, device) -> torch.Tensor | N
 
 
 def _edge_walk(node, neighbour, order, degree):
-    """(offsets by slot, node, neighbour and caller's edge id of every position, nodes without edges)."""
+    """(offsets by slot, node by slot, node, neighbour and caller's edge id of every position, nodes without
+    edges); the nodes without edges move to the last slots."""
+    order = torch.cat([order[degree[order] > 0], order[degree[order] == 0]])
     positions = _walk_positions(node, order)
     return (
         _offsets(degree[order]),
+        order.int(),
         node[positions].int(),
         neighbour[positions].int(),
         positions.int(),

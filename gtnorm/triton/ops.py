@@ -31,7 +31,8 @@ def graph_attention_forward(
     q_norm_weight: Tensor | None,  # [C]
     k_norm_weight: Tensor | None,  # [C]
     dst_offsets: Tensor,  # [N_dst + 1] int32, by slot
-    csc_dst: Tensor,  # [M] int32
+    dst_by_slot: Tensor,  # [N_dst] int32
+    csc_dst: Tensor,  # [M] int32 (for the backward)
     csc_src: Tensor,  # [M] int32
     csc_edge_id: Tensor,  # [M] int32
     dst_without_edges: Tensor,  # [K_dst] int64
@@ -51,22 +52,29 @@ def graph_attention_forward(
         return out, lse
     launch = attention_launch_config(num_heads, head_dim)
     fwd = launch.forward
-    num_stages = launch.forward_stages(csc_src.numel() / num_dst)
+    busy_slots = num_dst - dst_without_edges.numel()  # slots with edges come first
+    mean_in_degree = csc_src.numel() / max(busy_slots, 1)
+    num_stages = launch.forward_stages(mean_in_degree)
+    # Only the pipelined form walks runs of slots (forward_kernel.py).
+    nodes_per_program = fwd.nodes_per_program(mean_in_degree) if num_stages > 1 else 1
     with device_guard(query.device):
         _zero_rows((out, lse), dst_without_edges)
-        graph_attention_forward_kernel[(num_dst, fwd.head_groups)](
+        if busy_slots == 0:
+            return out, lse
+        graph_attention_forward_kernel[(triton.cdiv(busy_slots, nodes_per_program), fwd.head_groups)](
             query, key, value,
             edge_attr if edge_attr is not None else query,
             q_norm_weight if q_norm_weight is not None else query,
             k_norm_weight if k_norm_weight is not None else query,
-            dst_offsets, csc_dst, csc_src, csc_edge_id,
+            dst_offsets, dst_by_slot, csc_src, csc_edge_id,
             out, lse,
-            num_heads, head_dim, LOG2E / math.sqrt(head_dim), eps,
+            busy_slots, nodes_per_program, num_heads, head_dim, LOG2E / math.sqrt(head_dim), eps,
             HAS_EDGE_ATTR=edge_attr is not None,
             QK_NORM=qk_norm,
             HAS_Q_WEIGHT=q_norm_weight is not None,
             HAS_K_WEIGHT=k_norm_weight is not None,
             BLOCK_H=fwd.block_h, BLOCK_C=launch.block_c, NUM_STAGES=num_stages, num_warps=fwd.num_warps,
+            **fwd.compile_options(),
         )  # fmt: skip
     return out, lse
 
@@ -87,6 +95,7 @@ def graph_attention_backward(
     k_norm_weight: Tensor | None,  # [C]
     lse: Tensor,  # [N_dst, H] fp32
     dst_offsets: Tensor,  # [N_dst + 1] int32, by slot
+    dst_by_slot: Tensor,  # [N_dst] int32 (for the forward)
     csc_dst: Tensor,  # [M] int32
     csc_src: Tensor,  # [M] int32
     csc_edge_id: Tensor,  # [M] int32
@@ -116,10 +125,12 @@ def graph_attention_backward(
 
     launch = attention_launch_config(num_heads, head_dim)
     by_dst, by_src = launch.by_destination, launch.by_source
-    dst_per_program = by_dst.nodes_per_program(num_edges / max(num_dst, 1))
-    src_per_program = by_src.nodes_per_program(num_edges / max(num_src, 1))
-    dst_programs = triton.cdiv(num_dst, dst_per_program)
-    src_programs = triton.cdiv(num_src, src_per_program)
+    dst_slots = num_dst - dst_without_edges.numel()  # slots with edges come first
+    src_slots = num_src - src_without_edges.numel()
+    dst_per_program = by_dst.nodes_per_program(num_edges / max(dst_slots, 1))
+    src_per_program = by_src.nodes_per_program(num_edges / max(src_slots, 1))
+    dst_programs = triton.cdiv(dst_slots, dst_per_program)
+    src_programs = triton.cdiv(src_slots, src_per_program)
     with_q_weight = qk_norm and q_norm_weight is not None
     with_k_weight = qk_norm and k_norm_weight is not None
     q_partial_rows = dst_programs * by_dst.head_groups if with_q_weight else 0
@@ -145,8 +156,9 @@ def graph_attention_backward(
                 dst_offsets, csc_dst, csc_src, csc_edge_id,
                 grad_out, lse,
                 grad_query, attn, grad_attn, delta, q_weight_partial,
-                num_dst, dst_per_program, num_heads, head_dim, LOG2E * sm_scale, sm_scale, eps,
-                BLOCK_H=by_dst.block_h, NUM_STAGES=by_dst.num_stages, num_warps=by_dst.num_warps, **flags,
+                dst_slots, dst_per_program, num_heads, head_dim, LOG2E * sm_scale, sm_scale, eps,
+                BLOCK_H=by_dst.block_h, NUM_STAGES=by_dst.num_stages, num_warps=by_dst.num_warps,
+                **by_dst.compile_options(), **flags,
             )  # fmt: skip
         if src_programs:
             edge_softmax_backward_by_source_kernel[(src_programs, by_src.head_groups)](
@@ -154,8 +166,9 @@ def graph_attention_backward(
                 src_offsets, csr_src, csr_dst, csr_edge_id,
                 grad_out, attn, grad_attn, delta,
                 grad_key, grad_value, grad_edge_attr if has_edge_attr else query, k_weight_partial,
-                num_src, src_per_program, num_heads, head_dim, sm_scale, eps,
-                BLOCK_H=by_src.block_h, NUM_STAGES=by_src.num_stages, num_warps=by_src.num_warps, **flags,
+                src_slots, src_per_program, num_heads, head_dim, sm_scale, eps,
+                BLOCK_H=by_src.block_h, NUM_STAGES=by_src.num_stages, num_warps=by_src.num_warps,
+                **by_src.compile_options(), **flags,
             )  # fmt: skip
     # Fixed-order sums of the per-program partial rows: bitwise reproducible.
     grad_q_weight = _weight_grad(q_norm_weight, q_weight_partial, with_q_weight, device)
@@ -188,7 +201,7 @@ def _(grad_out, query, key, value, edge_attr, q_norm_weight, k_norm_weight, *lay
             grad_or_empty(q_norm_weight), grad_or_empty(k_norm_weight))
 
 
-_LAYOUT_ARGS = 10  # GraphLayout.tensors()
+_LAYOUT_ARGS = 11  # GraphLayout.tensors()
 
 
 def _setup_context(ctx, inputs, output):

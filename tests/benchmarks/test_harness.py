@@ -13,7 +13,8 @@ from benchmarks.graphs import run
 from benchmarks.graphs.accuracy import RESULT_NAMES, outputs_and_grads
 from benchmarks.graphs.catalog import BenchGraph
 from benchmarks.graphs.measure import relative_error
-from benchmarks.graphs.variants import COMPILED_VARIANTS, VARIANTS, cast_inputs, make_inputs
+from benchmarks.graphs.variants import COMPILED_VARIANTS, VARIANTS, build_variant, cast_inputs, make_inputs
+from gtnorm.nn.reference import reference_graph_transformer_attention
 from tests.conftest import DEVICE, HAS_CUDA
 
 NUM_SRC, NUM_DST = 14, 9
@@ -28,15 +29,29 @@ def smoke_graph() -> BenchGraph:
 
 
 def test_variants_compute_the_same_function():
-    """Every variant the harness can run here, wired to the same inputs and weights, matches fp32 PyG."""
+    """Every variant with the norm that the harness can run here, wired to the same inputs and weights, matches
+    fp64 PyG; the no_norm variant matches fp64 PyG without the norm."""
     inputs = make_inputs(smoke_graph(), heads=2, channels=16, dtype=torch.float32, device=DEVICE, eps=1e-5)
-    expected = outputs_and_grads("pyg", cast_inputs(inputs, torch.float64))
-    runnable = [v for v in VARIANTS if HAS_CUDA or v not in COMPILED_VARIANTS]
+    exact = cast_inputs(inputs, torch.float64)
+    expected = outputs_and_grads("pyg", exact)
+    runnable = [v for v in VARIANTS if v != "no_norm" and (HAS_CUDA or v not in COMPILED_VARIANTS)]
     for variant in runnable:
         actual = outputs_and_grads(variant, inputs)
         for name in RESULT_NAMES:
             error = relative_error(actual[name], expected[name])
             assert error < 1e-4, f"{variant}: {name} relative error {error:.2e}"
+
+    leaves = (exact.query, exact.key, exact.value, exact.edge_attr)
+    reference = reference_graph_transformer_attention(*leaves, exact.edge_index, (exact.num_src, exact.num_dst))
+    expected = [reference, *torch.autograd.grad(reference, leaves, exact.grad_out)]
+    variant = build_variant("no_norm", inputs)
+    out = variant.forward()
+    out.backward(inputs.grad_out)
+    actual = [out, *(t.grad for t in variant.leaves)]
+    assert len(actual) == len(expected) == 5
+    for name, a, b in zip(RESULT_NAMES, actual, expected, strict=False):
+        error = relative_error(a, b)
+        assert error < 1e-4, f"no_norm: {name} relative error {error:.2e}"
 
 
 def test_cli_writes_results(tmp_path, monkeypatch, capsys):

@@ -44,10 +44,16 @@ def test_walks_cover_every_edge_once(graph_name, given_order):
                 dst, src, graph.num_dst)
     _check_walk(layout.src_offsets, layout.csr_src, layout.csr_dst, layout.csr_edge_id, layout.src_without_edges,
                 src, dst, graph.num_src)
-    if given_order:  # slot s holds node order[s] (nodes without edges have empty slots)
-        first = layout.csc_dst.long().cpu()[layout.dst_offsets.long().cpu()[:-1].clamp(max=src.numel() - 1)]
-        has_edges = layout.dst_offsets[1:].cpu() > layout.dst_offsets[:-1].cpu()
-        assert torch.equal(first[has_edges], orders["dst_order"][has_edges])
+    # dst_by_slot names each slot's node: the busy slots come first, in the given order when there is one.
+    by_slot = layout.dst_by_slot.long().cpu()
+    offsets = layout.dst_offsets.long().cpu()
+    busy = layout.dst_with_edges
+    assert torch.equal(torch.sort(by_slot).values, torch.arange(graph.num_dst))
+    assert torch.equal(layout.csc_dst.long().cpu()[offsets[:busy]], by_slot[:busy])
+    assert (offsets[1 : busy + 1] > offsets[:busy]).all() and (offsets[busy:] == src.numel()).all()
+    if given_order:
+        has_edges = torch.bincount(dst, minlength=graph.num_dst)[orders["dst_order"]] > 0
+        assert torch.equal(by_slot[:busy], orders["dst_order"][has_edges])
     assert layout.max_in_degree == int(torch.bincount(dst, minlength=graph.num_dst).max())
     assert layout.max_out_degree == int(torch.bincount(src, minlength=graph.num_src).max())
 
