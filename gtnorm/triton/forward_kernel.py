@@ -3,8 +3,8 @@
 One program per destination slot (GraphLayout's visiting order) and group of BLOCK_H heads: the node's query
 row is loaded and normalised once, then its incoming edges are walked one per step with an online softmax.
 Scores are kept in the log2 domain, so the exponentials are exp2. Unlike the backward passes, the forward
-keeps one node per program: its per-step work is light, and re-reading the query at every edge of a
-flattened walk (what lets the backward prefetch across nodes) cost more than it saved (benchmarks/NOTES.md).
+does not flatten its walk across nodes: its per-step work is light, and re-reading (or holding) the query at
+every edge of a flattened walk cost more than it saved (benchmarks/NOTES.md, v2 and v3).
 """
 
 import triton
