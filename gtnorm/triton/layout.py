@@ -54,10 +54,6 @@ class GraphLayout:
         return self.num_dst - self.dst_without_edges.numel()
 
     @property
-    def src_with_edges(self) -> int:
-        return self.num_src - self.src_without_edges.numel()
-
-    @property
     def mean_in_degree(self) -> float:
         return self.num_edges / max(self.num_dst, 1)
 
@@ -192,7 +188,8 @@ def _checked_order(order, num_nodes: int, name: str, device) -> torch.Tensor | N
 def _edge_walk(node, neighbour, order, degree):
     """(offsets by slot, node by slot, node, neighbour and caller's edge id of every position, nodes without
     edges); the nodes without edges move to the last slots."""
-    order = torch.cat([order[degree[order] > 0], order[degree[order] == 0]])
+    has_edges = degree[order] > 0
+    order = torch.cat([order[has_edges], order[~has_edges]])
     positions = _walk_positions(node, order)
     return (
         _offsets(degree[order]),
