@@ -36,27 +36,34 @@ from gtnorm.triton.tiles import (
     program_edge_run,
     row_tile_offsets,
     store_row,
+    store_streamed_row,
     walk_position,
 )
 
 
 @triton.jit
 def _by_destination_step(
-    delta, shift, a_sum, acc_a, acc_b, grad_w_q, pos, start, end, query_ptr, key_ptr, value_ptr, edge_attr_ptr,
+    delta, shift, a_sum, acc_a, acc_b, rstd_q, grad_w_q, pos, start, end, query_ptr, key_ptr, value_ptr, edge_attr_ptr,
     csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr, grad_query_ptr, attn_ptr, grad_attn_ptr,
     delta_ptr, w_q, w_k, offsets, mask, offs_h, H, row_len, C, score_scale, sm_scale, eps,
     HAS_EDGE_ATTR: tl.constexpr, QK_NORM: tl.constexpr, HAS_Q_WEIGHT: tl.constexpr,
 ):
     """Folds the edge at by-destination position pos into its node's sums (delta = sum a (da - shift), a_sum,
-    A, B; [BLOCK_H] or [BLOCK_H, BLOCK_C]) and stores its a and da; at the node's last edge, writes dq and D."""
+    A, B; [BLOCK_H] or [BLOCK_H, BLOCK_C]) and stores its a and da; at the node's last edge, writes dq and D.
+    rstd_q [BLOCK_H, 1] is the node's query rstd, set at its first edge."""
     node, first, last = walk_position(csc_dst_ptr, pos, start, end)
     src = tl.load(csc_src_ptr + pos)
     edge_id = tl.load(csc_edge_id_ptr + pos)
     head_mask = offs_h < H
     # The destination's rows are re-read at every edge (cache hits after the first): holding them across
-    # edges would need loads inside a branch, which the pipeliner cannot prefetch.
+    # edges would need loads inside a branch, which the pipeliner cannot prefetch. The query's rstd is
+    # carried instead: its reduction over C runs once per node, not once per edge.
     q_raw = load_row(query_ptr, node, offsets, mask, row_len)
-    q, rstd_q = normalize_heads(q_raw, w_q, C, eps, QK_NORM)
+    q = q_raw
+    if QK_NORM:
+        if first:
+            rstd_q = rms_norm_rstd(q_raw, C, eps, 1)
+        q = q_raw * rstd_q * w_q[None, :]
     d_out = load_row(grad_out_ptr, node, offsets, mask, row_len)
     lse = tl.load(lse_ptr + node.to(tl.int64) * H + offs_h, mask=head_mask, other=0.0)
     k, _ = normalize_heads(load_row(key_ptr, src, offsets, mask, row_len), w_k, C, eps, QK_NORM)
@@ -95,7 +102,7 @@ def _by_destination_step(
             grad_q = rms_norm_backward(q_raw, rstd_q, w_q[None, :], grad_q, C, 1)
         store_row(grad_query_ptr, node, offsets, mask, row_len, grad_q)
         tl.store(delta_ptr + node.to(tl.int64) * H + offs_h, node_delta + shift, mask=head_mask)
-    return delta, shift, a_sum, acc_a, acc_b, grad_w_q
+    return delta, shift, a_sum, acc_a, acc_b, rstd_q, grad_w_q
 
 
 @triton.jit
@@ -145,10 +152,11 @@ def edge_softmax_backward_by_destination_kernel(
     a_sum = tl.zeros([BLOCK_H], tl.float32)
     acc_a = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
     acc_b = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
+    rstd_q = tl.full([BLOCK_H, 1], 1.0, tl.float32)
     if NUM_STAGES > 0:
         for pos in tl.range(start, end, num_stages=NUM_STAGES):
-            delta, shift, a_sum, acc_a, acc_b, grad_w_q = _by_destination_step(
-                delta, shift, a_sum, acc_a, acc_b, grad_w_q, pos, start, end, query_ptr, key_ptr, value_ptr,
+            delta, shift, a_sum, acc_a, acc_b, rstd_q, grad_w_q = _by_destination_step(
+                delta, shift, a_sum, acc_a, acc_b, rstd_q, grad_w_q, pos, start, end, query_ptr, key_ptr, value_ptr,
                 edge_attr_ptr, csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr, grad_query_ptr,
                 attn_ptr, grad_attn_ptr, delta_ptr, w_q, w_k, offsets, mask, offs_h, H, row_len, C, score_scale,
                 sm_scale, eps, HAS_EDGE_ATTR, QK_NORM, HAS_Q_WEIGHT,
@@ -157,8 +165,8 @@ def edge_softmax_backward_by_destination_kernel(
         # The interpreter of older Triton cannot take loaded loop bounds in range(); a while loop it can.
         pos = start
         while pos < end:
-            delta, shift, a_sum, acc_a, acc_b, grad_w_q = _by_destination_step(
-                delta, shift, a_sum, acc_a, acc_b, grad_w_q, pos, start, end, query_ptr, key_ptr, value_ptr,
+            delta, shift, a_sum, acc_a, acc_b, rstd_q, grad_w_q = _by_destination_step(
+                delta, shift, a_sum, acc_a, acc_b, rstd_q, grad_w_q, pos, start, end, query_ptr, key_ptr, value_ptr,
                 edge_attr_ptr, csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr, grad_query_ptr,
                 attn_ptr, grad_attn_ptr, delta_ptr, w_q, w_k, offsets, mask, offs_h, H, row_len, C, score_scale,
                 sm_scale, eps, HAS_EDGE_ATTR, QK_NORM, HAS_Q_WEIGHT,
@@ -196,7 +204,7 @@ def _by_source_step(
     grad_v = tl.where(first, 0.0, grad_v) + a_d_out
     grad_k = tl.where(first, 0.0, grad_k) + grad_s_q
     if HAS_EDGE_ATTR:
-        store_row(grad_edge_attr_ptr, edge_id, offsets, mask, row_len, a_d_out + grad_s_q)
+        store_streamed_row(grad_edge_attr_ptr, edge_id, offsets, mask, row_len, a_d_out + grad_s_q)
     if QK_NORM:
         # Loaded outside the branch so that the pipeliner prefetches it, masked so that only a node's last edge
         # moves bytes (tl.where: the interpreter cannot AND a block mask with a scalar flag).
@@ -208,8 +216,8 @@ def _by_source_step(
             if HAS_K_WEIGHT:
                 grad_w_k += tl.sum(grad_k * k_raw * rstd_k, axis=0)
             grad_key = rms_norm_backward(k_raw, rstd_k, w_k[None, :], grad_k, C, 1)
-        store_row(grad_key_ptr, node, offsets, mask, row_len, grad_key)
-        store_row(grad_value_ptr, node, offsets, mask, row_len, grad_v)
+        store_streamed_row(grad_key_ptr, node, offsets, mask, row_len, grad_key)
+        store_streamed_row(grad_value_ptr, node, offsets, mask, row_len, grad_v)
     return grad_v, grad_k, grad_w_k
 
 

@@ -121,9 +121,11 @@ class GraphLayout:
         )
 
 
-# Edges between two uses of a gathered row for which the row is assumed to still be in L2: an H100/H200's
-# 50-60 MB hold the rows (k, v, e or q, dO, de; 2 KiB each at H * C = 1024 in bf16) of about 4k edges.
-_CACHE_WINDOW_EDGES = 4096
+# Edges between two uses of a gathered row for which the row is assumed to still be in L2: an H100's 50 MB
+# over what an edge brings in (its e row plus ~0.6 new k and v rows: ~4.5 KiB at H * C = 1024 in bf16) is
+# about 12k edges. A window of 4k rejected the mean-neighbour order of the largest encoder, which measured
+# 20 % faster in the forward (benchmarks/NOTES.md, v4); 8k-16k pick the same orders on all benchmark graphs.
+_CACHE_WINDOW_EDGES = 12288
 # A reordering must save this share of the modelled misses to replace the caller's own node order.
 _MIN_GAIN = 0.05
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gtnorm import GraphLayout
-from gtnorm.triton.layout import visiting_order
+from gtnorm.triton.layout import _CACHE_WINDOW_EDGES, visiting_order
 from tests.conftest import DEVICE
 from tests.graphs import GRAPH_BUILDERS, make_graph
 
@@ -59,15 +59,16 @@ def test_walks_cover_every_edge_once(graph_name, given_order):
 
 
 def test_visiting_order_groups_nodes_that_share_neighbours():
-    # Destination d reads sources 4 * (d % 2048) ... + 3: in the caller's order, nodes sharing sources are 2048
-    # slots apart (past the cache window of the model); sorted by their neighbours they become adjacent.
-    num_dst = 4096
+    # Destination d reads sources 4 * (d % half) ... + 3: in the caller's order, nodes sharing sources are
+    # 4 * half edges apart (past the cache window of the model); sorted by their neighbours they become adjacent.
+    half = _CACHE_WINDOW_EDGES // 2
+    num_dst = 2 * half
     dst = torch.arange(num_dst).repeat_interleave(4)
-    src = 4 * (dst % 2048) + torch.arange(4).repeat(num_dst)
+    src = 4 * (dst % half) + torch.arange(4).repeat(num_dst)
     order = visiting_order(dst, src, num_dst)
     slot = torch.empty_like(order)
     slot[order] = torch.arange(num_dst)
-    assert ((slot[:2048] - slot[2048:]).abs() == 1).all()
+    assert ((slot[:half] - slot[half:]).abs() == 1).all()
     # Already local: the caller's order is kept.
     assert torch.equal(visiting_order(src, dst, int(src.max()) + 1), torch.arange(int(src.max()) + 1))
 
