@@ -140,8 +140,8 @@ def visiting_order(
     Candidates: the caller's node order, and the nodes sorted by the mean or by the smallest index of their
     neighbours (nodes that share neighbours become adjacent, e.g. hidden nodes of an encoder whose data nodes
     are numbered row by row). Each is scored by a reuse-distance model: a gather misses unless the same row
-    was gathered at most _CACHE_WINDOW_EDGES steps before. Measured (benchmarks/NOTES.md, v2), the model ranks
-    the orders as the kernels' times do.
+    was gathered at most _CACHE_WINDOW_EDGES steps before. Measured (benchmarks/NOTES.md, v2 and v4), the model
+    ranks the orders as the kernels' times do on the benchmark graphs.
     """
     identity = torch.arange(num_nodes, device=node.device)
     if node.numel() == 0:
