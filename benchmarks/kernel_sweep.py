@@ -102,6 +102,34 @@ def kernel_times(step, repeats: int = 5) -> dict[str, float]:
     return times
 
 
+@dataclasses.dataclass
+class AttentionProblem:
+    """Random bf16 inputs of one graph's attention (H heads x C channels), its layout and a fixed dO."""
+
+    layout: gtnorm.GraphLayout
+    inputs: list  # q [N_dst, H, C], k, v [N_src, H, C], e [M, H, C], leaves
+    weights: list  # q and k norm weights [C], leaves
+    grad_out: torch.Tensor  # [N_dst, H, C]
+
+    @classmethod
+    def on_graph(cls, graph, heads: int, channels: int, dtype=torch.bfloat16) -> AttentionProblem:
+        layout = gtnorm.GraphLayout.from_edge_index(graph.edge_index.cuda(), (graph.num_src, graph.num_dst))
+        inputs = [
+            torch.randn(n, heads, channels, device="cuda", dtype=dtype).requires_grad_()
+            for n in (graph.num_dst, graph.num_src, graph.num_src, graph.num_edges)
+        ]
+        weights = [(1 + 0.1 * torch.randn(channels, device="cuda")).to(dtype).requires_grad_() for _ in range(2)]
+        grad_out = torch.randn(graph.num_dst, heads, channels, device="cuda", dtype=dtype)
+        return cls(layout, inputs, weights, grad_out)
+
+    def forward_backward(self, qk_norm: bool) -> None:
+        """One forward+backward, leaf grads reset first (qk_norm: with both affine weights)."""
+        for t in (*self.inputs, *self.weights):
+            t.grad = None
+        norm = dict(qk_norm=True, q_norm_weight=self.weights[0], k_norm_weight=self.weights[1]) if qk_norm else {}
+        gtnorm.graph_transformer_attention(*self.inputs, self.layout, **norm).backward(self.grad_out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--graphs", nargs="+", default=["era_to_h", "h_to_h", "h_to_era", "dop_enc_large"])
@@ -117,23 +145,14 @@ def main() -> None:
     default_config = launch_config.attention_launch_config
     for name in args.graphs:
         graph = load_graph(name)
-        layout = gtnorm.GraphLayout.from_edge_index(graph.edge_index.cuda(), (graph.num_src, graph.num_dst))
-        inputs = [
-            torch.randn(n, heads, channels, device="cuda", dtype=dtype).requires_grad_()
-            for n in (graph.num_dst, graph.num_src, graph.num_src, graph.num_edges)
-        ]
-        weights = [(1 + 0.1 * torch.randn(channels, device="cuda")).to(dtype).requires_grad_() for _ in range(2)]
-        grad_out = torch.randn(graph.num_dst, heads, channels, device="cuda", dtype=dtype)
+        problem = AttentionProblem.on_graph(graph, heads, channels, dtype)
         fwd_bytes, bwd_bytes = floor_bytes(
-            graph.num_src, graph.num_dst, graph.num_edges, heads * channels * dtype.itemsize, layout.index_bytes()
-        )
+            graph.num_src, graph.num_dst, graph.num_edges, heads * channels * dtype.itemsize,
+            problem.layout.index_bytes(),
+        )  # fmt: skip
 
-        def step(inputs=inputs, weights=weights, layout=layout, grad_out=grad_out):
-            for t in (*inputs, *weights):
-                t.grad = None
-            norm = {} if args.no_qk_norm else dict(qk_norm=True, q_norm_weight=weights[0], k_norm_weight=weights[1])
-            out = gtnorm.graph_transformer_attention(*inputs, layout, **norm)
-            out.backward(grad_out)
+        def step(problem=problem):
+            problem.forward_backward(qk_norm=not args.no_qk_norm)
 
         for setting in args.settings:
             change = parse_setting(setting)
@@ -157,7 +176,7 @@ def main() -> None:
                 flush=True,
             )
         ops.attention_launch_config = default_config
-        del inputs, weights, grad_out, layout
+        del problem, step
         torch.cuda.empty_cache()
 
 

@@ -15,32 +15,18 @@ import argparse
 
 import torch
 
-import gtnorm
 from benchmarks.graphs.catalog import load_graph
+from benchmarks.kernel_sweep import AttentionProblem
 
 
-def _fwd_bwd(inputs, weights, layout, grad_out, qk_norm: bool) -> None:
-    for t in (*inputs, *weights):
-        t.grad = None
-    norm = dict(qk_norm=True, q_norm_weight=weights[0], k_norm_weight=weights[1]) if qk_norm else {}
-    gtnorm.graph_transformer_attention(*inputs, layout, **norm).backward(grad_out)
-
-
-def profile_graph(name: str, heads: int, channels: int, dtype=torch.bfloat16) -> None:
-    graph = load_graph(name)
-    layout = gtnorm.GraphLayout.from_edge_index(graph.edge_index.cuda(), (graph.num_src, graph.num_dst))
-    inputs = [
-        torch.randn(n, heads, channels, device="cuda", dtype=dtype).requires_grad_()
-        for n in (graph.num_dst, graph.num_src, graph.num_src, graph.num_edges)
-    ]
-    weights = [(1 + 0.1 * torch.randn(channels, device="cuda")).to(dtype).requires_grad_() for _ in range(2)]
-    grad_out = torch.randn(graph.num_dst, heads, channels, device="cuda", dtype=dtype)
+def profile_graph(name: str, heads: int, channels: int) -> None:
+    problem = AttentionProblem.on_graph(load_graph(name), heads, channels)
     for qk_norm in (True, False):
-        _fwd_bwd(inputs, weights, layout, grad_out, qk_norm)  # compiles outside the profiled range
+        problem.forward_backward(qk_norm)  # compiles outside the profiled range
         torch.cuda.synchronize()
         print(f"profiling {name}, qk_norm={qk_norm}", flush=True)
         torch.cuda.profiler.start()
-        _fwd_bwd(inputs, weights, layout, grad_out, qk_norm)
+        problem.forward_backward(qk_norm)
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
 
