@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import torch
@@ -59,6 +60,16 @@ def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     if POISON_OUTPUTS:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; a nominal 1 elsewhere (the interpreter has none)."""
+    return _cuda_sm_count(device) if device.type == "cuda" else 1
+
+
+@functools.cache
+def _cuda_sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def device_guard(device: torch.device):

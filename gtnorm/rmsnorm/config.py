@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
+
+from gtnorm._runtime import sm_count
 
 # A whole row lives in registers (the shared math reduces a row in one tile); past this it would spill.
 MAX_FUSED_COLS = 65536
@@ -50,7 +51,7 @@ def rms_norm_launch_config(
     if device.type != "cuda":
         max_programs = _INTERPRETER_PROGRAMS
     elif backward:
-        max_programs = _sm_count(device) * max(1, _BACKWARD_WARPS_PER_SM // num_warps)
+        max_programs = sm_count(device) * max(1, _BACKWARD_WARPS_PER_SM // num_warps)
     else:
         max_programs = n_row_blocks
     return RMSNormLaunchConfig(
@@ -59,8 +60,3 @@ def rms_norm_launch_config(
         num_warps=num_warps,
         n_programs=max(1, min(n_row_blocks, max_programs)),
     )
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count

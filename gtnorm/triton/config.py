@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import triton
 
-from gtnorm._runtime import interpreter_active
+from gtnorm._runtime import interpreter_active, sm_count
 
 # Row slice (heads x padded channels) of one program: the forward and the by-source pass keep up to 1024
 # elements together; the by-destination pass holds more state per element (q, dO, two accumulators) and
@@ -33,6 +33,13 @@ _FORWARD_PIPELINE_MIN_DEGREE = 8.0
 # ... and only for rows of at least this many elements (H * C): on short rows (H = 5, C = 24) the pipeline's
 # round trip through shared memory cost more than it hid (NOTES.md, v3).
 _FORWARD_PIPELINE_MIN_ROW = 512
+# Column sums of the weight-gradient partials: 4096-element fp32 tiles, and a few programs per SM, so that the
+# loads fill the GPU while each program still sums a long block of rows. Below _COLUMN_SUM_MIN_ROWS rows torch's
+# own sum is as fast on the GPU and saves a launch: on the small, host-bound graphs the two extra launches cost
+# ~0.1 ms of host time per forward+backward (benchmarks/NOTES.md, v5).
+_COLUMN_SUM_TILE = 4096
+_COLUMN_SUM_PROGRAMS_PER_SM = 4
+_COLUMN_SUM_MIN_ROWS = 65536
 
 
 @dataclass(frozen=True)
@@ -88,3 +95,22 @@ def attention_launch_config(num_heads: int, head_dim: int) -> AttentionLaunchCon
             num_heads, block_c, _BY_SOURCE_ROW_SLICE, num_warps=2, num_stages=4, edges_per_program=per_program
         ),
     )
+
+
+@dataclass(frozen=True)
+class ColumnSumLaunch:
+    block_r: int  # rows per tile
+    block_c: int  # columns, padded to a power of two
+    programs: int
+    rows_per_program: int  # a multiple of block_r
+
+
+def column_sum_launch(n_rows: int, n_cols: int, device) -> ColumnSumLaunch | None:
+    """How to reduce [n_rows, n_cols] partial rows to one block sum per program; None: leave it all to torch."""
+    if n_rows < _COLUMN_SUM_MIN_ROWS:
+        return None
+    block_c = triton.next_power_of_2(n_cols)
+    block_r = max(1, _COLUMN_SUM_TILE // block_c)
+    blocks = triton.cdiv(n_rows, block_r)
+    programs = min(blocks, sm_count(device) * _COLUMN_SUM_PROGRAMS_PER_SM)
+    return ColumnSumLaunch(block_r, block_c, programs, triton.cdiv(blocks, programs) * block_r)

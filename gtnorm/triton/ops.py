@@ -17,8 +17,9 @@ from gtnorm.triton.backward_kernels import (
     edge_softmax_backward_by_destination_kernel,
     edge_softmax_backward_by_source_kernel,
 )
-from gtnorm.triton.config import attention_launch_config
+from gtnorm.triton.config import attention_launch_config, column_sum_launch
 from gtnorm.triton.forward_kernel import graph_attention_forward_kernel
+from gtnorm.triton.partial_sum_kernel import column_sum_kernel
 
 LOG2E = 1.4426950408889634
 
@@ -170,9 +171,8 @@ def graph_attention_backward(
                 BLOCK_H=by_src.block_h, NUM_STAGES=by_src.num_stages, num_warps=by_src.num_warps,
                 **by_src.compile_options(), **flags,
             )  # fmt: skip
-    # Fixed-order sums of the per-program partial rows: bitwise reproducible.
-    grad_q_weight = _weight_grad(q_norm_weight, q_weight_partial, with_q_weight, device)
-    grad_k_weight = _weight_grad(k_norm_weight, k_weight_partial, with_k_weight, device)
+        grad_q_weight = _weight_grad(q_norm_weight, q_weight_partial, with_q_weight, device)
+        grad_k_weight = _weight_grad(k_norm_weight, k_weight_partial, with_k_weight, device)
     return grad_query, grad_key, grad_value, grad_edge_attr, grad_q_weight, grad_k_weight
 
 
@@ -188,7 +188,19 @@ def _weight_grad(weight: Tensor | None, partial: Tensor, computed: bool, device)
         return torch.empty(0, dtype=torch.float32, device=device)
     if not computed:  # the weight exists but qk_norm is off: it took no part
         return torch.zeros_like(weight)
-    return partial.sum(dim=0).to(weight.dtype)
+    return _column_sum(partial).to(weight.dtype)
+
+
+def _column_sum(rows: Tensor) -> Tensor:  # [n_rows, C] fp32 -> [C] fp32, summed in a fixed order
+    launch = column_sum_launch(rows.shape[0], rows.shape[1], rows.device)
+    if launch is not None:  # tall: block sums first, then torch sums the few block rows
+        sums = torch.empty((launch.programs, rows.shape[1]), dtype=torch.float32, device=rows.device)
+        column_sum_kernel[(launch.programs,)](
+            rows, sums, rows.shape[0], rows.shape[1], launch.rows_per_program,
+            BLOCK_R=launch.block_r, BLOCK_C=launch.block_c,
+        )  # fmt: skip
+        rows = sums
+    return rows.sum(dim=0)
 
 
 @graph_attention_backward.register_fake

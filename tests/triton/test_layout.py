@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gtnorm import GraphLayout
-from gtnorm.triton.layout import _CACHE_WINDOW_EDGES, visiting_order
+from gtnorm.triton.layout import _CACHE_WINDOW_EDGES, smoothed_order, visiting_order
 from tests.conftest import DEVICE
 from tests.graphs import GRAPH_BUILDERS, make_graph
 
@@ -71,6 +71,32 @@ def test_visiting_order_groups_nodes_that_share_neighbours():
     assert ((slot[:half] - slot[half:]).abs() == 1).all()
     # Already local: the caller's order is kept.
     assert torch.equal(visiting_order(src, dst, int(src.max()) + 1), torch.arange(int(src.max()) + 1))
+
+
+def _grid_graph_with_shuffled_rows(side: int):
+    """A side x side grid with 4 neighbours (both directions), its rows numbered in a random order: node ids
+    keep some structure (a row is contiguous), but neighbouring rows are far apart. Returns src, dst, nodes."""
+    row_label = torch.randperm(side, generator=torch.Generator().manual_seed(0))
+    ids = row_label[:, None] * side + torch.arange(side)[None, :]
+    pairs = torch.cat([torch.stack([ids[:, :-1].flatten(), ids[:, 1:].flatten()]),
+                       torch.stack([ids[:-1].flatten(), ids[1:].flatten()])], dim=1)  # fmt: skip
+    return torch.cat([pairs[0], pairs[1]]), torch.cat([pairs[1], pairs[0]]), side * side
+
+
+def test_smoothed_order_brings_neighbours_together():
+    src, dst, num_nodes = _grid_graph_with_shuffled_rows(128)
+    order = smoothed_order(src, dst, num_nodes)
+    assert torch.equal(torch.sort(order).values, torch.arange(num_nodes))
+    assert torch.equal(smoothed_order(src, dst, num_nodes), order)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(num_nodes)
+    # Neighbours are ~side^2 / 3 apart in the given ids (64 in row-major order).
+    assert (src - dst).abs().double().mean() > 2000
+    assert (rank[src] - rank[dst]).abs().double().mean() < 400
+    # The layout takes it: the graph has more edges than the model's cache window, so the order matters.
+    assert src.numel() > 2 * _CACHE_WINDOW_EDGES
+    layout = GraphLayout.from_edge_index(torch.stack([src, dst]), num_nodes)
+    assert torch.equal(layout.dst_by_slot.long(), order)
 
 
 def test_bad_order_raises():
