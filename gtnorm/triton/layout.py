@@ -97,8 +97,9 @@ class GraphLayout:
         dst_order = _checked_order(dst_order, num_dst, "dst_order", dst.device)
         src_order = _checked_order(src_order, num_src, "src_order", src.device)
         # Sources and destinations may be one node set (a processor graph): then one smoothed order serves both
-        # walks. If they are not, the model simply scores that candidate low.
-        smoothed = (smoothed_order(src, dst, num_dst),) if num_src == num_dst and src.numel() else ()
+        # walks. If they are not, the model simply scores that candidate low. Skipped when the caller gave both.
+        to_pick = dst_order is None or src_order is None
+        smoothed = (smoothed_order(src, dst, num_dst),) if to_pick and num_src == num_dst and src.numel() else ()
         if dst_order is None:
             dst_order = visiting_order(dst, src, num_dst, smoothed)
         if src_order is None:
