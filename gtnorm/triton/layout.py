@@ -1,9 +1,9 @@
 """GraphLayout: the edge orderings the attention kernels walk, built once per graph.
 
 The forward and the first backward pass run one destination node at a time over its incoming edges
-(CSC, by destination); the second backward pass runs one source node at a time over its outgoing edges.
-Both orders point back into the caller's edge order, so edge features are read and their gradient written
-in place, never copied into a sorted order.
+(by destination); the second backward pass runs one source node at a time over its outgoing edges (by
+source). Both walks point back into the caller's edge order, so edge features are read and their gradient
+written in place, never copied into a sorted order.
 """
 
 from __future__ import annotations
@@ -18,60 +18,108 @@ _INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True, eq=False)
-class GraphLayout:
-    """Both edge orders of one graph, on the graph's device.
+class EdgeWalk:
+    """All edges, grouped by the node at one end (the walk's node), nodes taken in a visiting order.
 
-    Destination nodes are visited in ``slot`` order (a permutation of the nodes, ``dst_by_slot``): the incoming
-    edges of the node in slot s sit at positions ``dst_offsets[s]:dst_offsets[s + 1]`` of the ``csc_*`` arrays,
-    so a run of consecutive slots is one contiguous run of edges, which one kernel program walks without
-    restarting at every node. Nodes without edges take the last slots, so kernels launch over the busy slots
-    only and never branch on an empty one. Sources likewise with ``src_offsets`` and the ``csr_*`` arrays.
+    The edges of the node in slot s sit at positions ``offsets[s]:offsets[s + 1]``, so a run of consecutive
+    slots is one contiguous run of positions, which one kernel program walks without restarting at every
+    node. Nodes without edges take the last slots, so kernels launch over the busy slots only and never branch
+    on an empty one. Within a node, edges keep the caller's order.
+
+    Shapes: N nodes on the walk's side, M edges, K nodes without edges.
+    """
+
+    offsets: torch.Tensor  # [N + 1] int32, by slot
+    node_by_slot: torch.Tensor  # [N] int32: the node in each slot
+    node: torch.Tensor  # [M] int32: the walk's node of each position
+    neighbour: torch.Tensor  # [M] int32: the node at the edge's other end
+    edge_id: torch.Tensor  # [M] int32: caller's index of the edge at each position
+    without_edges: torch.Tensor  # [K] int64, ascending: nodes without edges (their rows are zero-filled)
+
+    @property
+    def num_busy(self) -> int:
+        """Nodes with at least one edge: they hold slots 0 .. num_busy - 1."""
+        return self.node_by_slot.numel() - self.without_edges.numel()
+
+    def repeat(self, copies: int, num_nodes: int, num_neighbours: int) -> EdgeWalk:
+        """The walk of ``copies`` disjoint copies of the graph, copy b's nodes, neighbours and edges offset by
+        b times the counts (the layout of Anemoi's batch expansion ``cat([edge_index + b * inc])``). Copies are
+        visited one after another in this walk's order; the nodes without edges of all copies come last."""
+        num_edges, busy = self.node.numel(), self.num_busy
+        copy = torch.arange(copies, device=self.node.device)[:, None]  # [copies, 1]
+
+        def shifted(t, step):  # [n] -> [copies * n]: copy b's values plus b * step
+            return (t[None, :].long() + copy * step).flatten()
+
+        by_slot = self.node_by_slot
+        node_by_slot = torch.cat([shifted(by_slot[:busy], num_nodes), shifted(by_slot[busy:], num_nodes)])
+        busy_offsets = shifted(self.offsets[1 : busy + 1], num_edges)
+        empty_offsets = busy_offsets.new_full((copies * (num_nodes - busy),), copies * num_edges)
+        return EdgeWalk(
+            offsets=torch.cat([self.offsets[:1].long(), busy_offsets, empty_offsets]).int(),
+            node_by_slot=node_by_slot.int(),
+            node=shifted(self.node, num_nodes).int(),
+            neighbour=shifted(self.neighbour, num_neighbours).int(),
+            edge_id=shifted(self.edge_id, num_edges).int(),
+            without_edges=shifted(self.without_edges, num_nodes),
+        )
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.offsets, self.node_by_slot, self.node, self.neighbour, self.edge_id, self.without_edges
+
+
+@dataclass(frozen=True, eq=False)
+class GraphLayout:
+    """Both edge walks of one graph, on the graph's device: by destination (forward, first backward pass) and
+    by source (second backward pass).
+
+    Build one with :meth:`from_edge_index`; B disjoint copies of a graph (a batch) with :meth:`repeat`.
     """
 
     num_src: int
     num_dst: int
     num_edges: int
-    max_in_degree: int
-    max_out_degree: int
-    dst_offsets: torch.Tensor  # [N_dst + 1] int32, by slot
-    dst_by_slot: torch.Tensor  # [N_dst] int32: the destination node in each slot
-    csc_dst: torch.Tensor  # [M] int32: destination of each edge, by destination slot
-    csc_src: torch.Tensor  # [M] int32: source of each edge, by destination slot
-    csc_edge_id: torch.Tensor  # [M] int32: caller's index of each edge, by destination slot
-    dst_without_edges: torch.Tensor  # [K_dst] int64: destinations with no incoming edge (their output is 0)
-    src_offsets: torch.Tensor  # [N_src + 1] int32, by slot
-    csr_src: torch.Tensor  # [M] int32: source of each edge, by source slot
-    csr_dst: torch.Tensor  # [M] int32: destination of each edge, by source slot
-    csr_edge_id: torch.Tensor  # [M] int32: caller's index of each edge, by source slot
-    src_without_edges: torch.Tensor  # [K_src] int64: sources with no outgoing edge (their gradients are 0)
+    by_dst: EdgeWalk  # node = destination, neighbour = source
+    by_src: EdgeWalk  # node = source, neighbour = destination
 
     @property
     def device(self) -> torch.device:
-        return self.csc_src.device
-
-    @property
-    def dst_with_edges(self) -> int:
-        """Destinations with at least one incoming edge: they hold slots 0 .. dst_with_edges - 1."""
-        return self.num_dst - self.dst_without_edges.numel()
-
-    @property
-    def mean_in_degree(self) -> float:
-        return self.num_edges / max(self.num_dst, 1)
-
-    @property
-    def mean_out_degree(self) -> float:
-        return self.num_edges / max(self.num_src, 1)
+        return self.by_dst.edge_id.device
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        """The index tensors in the order the attention ops take them."""
-        return (
-            self.dst_offsets, self.dst_by_slot, self.csc_dst, self.csc_src, self.csc_edge_id, self.dst_without_edges,
-            self.src_offsets, self.csr_src, self.csr_dst, self.csr_edge_id, self.src_without_edges,
-        )  # fmt: skip
+        """The index tensors in the order the attention ops take them (the by-source walk's node_by_slot is not
+        one: no kernel reads it)."""
+        src_offsets, _, *src_rest = self.by_src.tensors()
+        return (*self.by_dst.tensors(), src_offsets, *src_rest)
 
     def index_bytes(self) -> int:
         """Bytes of the index arrays the kernels read: part of the traffic floor of every pass."""
         return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def edge_index(self) -> torch.Tensor:  # [2, M] int64, in the caller's edge order
+        """The edge_index the layout was built from."""
+        walk = self.by_dst
+        edge_index = torch.empty((2, self.num_edges), dtype=torch.int64, device=self.device)
+        edge_index[0, walk.edge_id.long()] = walk.neighbour.long()
+        edge_index[1, walk.edge_id.long()] = walk.node.long()
+        return edge_index
+
+    def repeat(self, copies: int) -> GraphLayout:
+        """The layout of ``copies`` disjoint copies of this graph, concatenated as Anemoi's batch expansion does:
+        copy b's edges follow copy b - 1's, its sources are offset by b * num_src and its destinations by
+        b * num_dst. Made from this layout's walks with offsets (no order search, no host sync); equal to
+        the layout :meth:`from_edge_index` builds from the expanded edge_index with this layout's orders."""
+        if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+            raise ValueError(f"copies must be a positive int, got {copies!r}")
+        if copies == 1:
+            return self
+        return GraphLayout(
+            num_src=copies * self.num_src,
+            num_dst=copies * self.num_dst,
+            num_edges=copies * self.num_edges,
+            by_dst=self.by_dst.repeat(copies, self.num_dst, self.num_src),
+            by_src=self.by_src.repeat(copies, self.num_src, self.num_dst),
+        )
 
     @classmethod
     def from_edge_index(
@@ -81,48 +129,93 @@ class GraphLayout:
         *,
         dst_order: torch.Tensor | None = None,  # [N_dst] a permutation of the destination nodes
         src_order: torch.Tensor | None = None,  # [N_src] a permutation of the source nodes
+        search_order: bool = True,
     ) -> GraphLayout:
-        """Validates ``edge_index`` and builds both orders (stable sorts, so the layout is deterministic).
+        """Validates ``edge_index`` and builds both walks (stable sorts, so the layout is deterministic).
 
         ``num_nodes`` is ``(num_src, num_dst)`` for a bipartite graph, one int for a square one, or None to
         take ``max index + 1`` over both rows (PyG's rule for square graphs). ``dst_order``/``src_order`` set
         the order the kernels visit the nodes in (e.g. along a space-filling curve of the node positions, so
-        that nodes visited together share neighbours); by default :func:`visiting_order` picks one. Results do
-        not depend on the orders, only the speed does.
+        that nodes visited together share neighbours). Without them, ``search_order=True`` picks one with
+        :func:`visiting_order` (tens of ms on a 40k-node mesh: do it once per graph), and
+        ``search_order=False`` keeps the caller's numbering (a few sorts, one host sync). Results do not depend
+        on the orders, only the speed does.
+
+        Shapes: edge_index [2, M]; dst_order [N_dst]; src_order [N_src].
         """
-        num_src, num_dst = check_edge_index(edge_index, num_nodes)
+        check_edge_index_format(edge_index)
         src, dst = edge_index[0].long(), edge_index[1].long()
-        in_degree = torch.bincount(dst, minlength=num_dst)
-        out_degree = torch.bincount(src, minlength=num_src)
-        dst_order = _checked_order(dst_order, num_dst, "dst_order", dst.device)
-        src_order = _checked_order(src_order, num_src, "src_order", src.device)
-        # Sources and destinations may be one node set (a processor graph): then one smoothed order serves both
-        # walks. If they are not, the model simply scores that candidate low. Skipped when the caller gave both.
-        to_pick = dst_order is None or src_order is None
-        smoothed = (smoothed_order(src, dst, num_dst),) if to_pick and num_src == num_dst and src.numel() else ()
-        if dst_order is None:
-            dst_order = visiting_order(dst, src, num_dst, smoothed)
-        if src_order is None:
-            src_order = visiting_order(src, dst, num_src, smoothed)
-        by_dst = _edge_walk(dst, src, dst_order, in_degree)
-        by_src = _edge_walk(src, dst, src_order, out_degree)
+        to_search = search_order and (dst_order is None or src_order is None) and src.numel() > 0
+        checked = num_nodes is None or to_search
+        if checked:  # the search indexes with the node ids, so they are checked first (one sync)
+            num_src, num_dst = check_edge_index(edge_index, num_nodes)
+        else:
+            num_src, num_dst = _resolve_num_nodes(num_nodes, 0)
+        dst_order = _checked_order(dst_order, num_dst, "dst_order", edge_index.device)
+        src_order = _checked_order(src_order, num_src, "src_order", edge_index.device)
+        if to_search:
+            # Sources and destinations may be one node set (a processor graph): then one smoothed order serves
+            # both walks. If they are not, the model simply scores that candidate low.
+            smoothed = (smoothed_order(src, dst, num_dst),) if num_src == num_dst else ()
+            if dst_order is None:
+                dst_order = visiting_order(dst, src, num_dst, smoothed)
+            if src_order is None:
+                src_order = visiting_order(src, dst, num_src, smoothed)
+        # Until the one sync below has checked them, ids are clamped, so no gather can fault on a bad one.
+        src_ids, dst_ids = src, dst
+        if not checked:
+            src_ids, dst_ids = src.clamp(0, max(num_src - 1, 0)), dst.clamp(0, max(num_dst - 1, 0))
+        by_dst = _SortedEdges.of(dst_ids, src_ids, dst_order, num_dst)
+        by_src = _SortedEdges.of(src_ids, dst_ids, src_order, num_src)
+        counts = [by_dst.num_busy, by_src.num_busy]
+        if not checked and src.numel():
+            counts += [src.min(), src.max(), dst.min(), dst.max()]
+        counts = torch.stack(counts).tolist()  # the build's one host sync
+        if not checked and src.numel():
+            _check_index_range(*counts[2:], num_src, num_dst)
         return cls(
             num_src=num_src,
             num_dst=num_dst,
             num_edges=src.numel(),
-            max_in_degree=int(in_degree.max()) if num_dst else 0,
-            max_out_degree=int(out_degree.max()) if num_src else 0,
-            dst_offsets=by_dst[0],
-            dst_by_slot=by_dst[1],
-            csc_dst=by_dst[2],
-            csc_src=by_dst[3],
-            csc_edge_id=by_dst[4],
-            dst_without_edges=by_dst[5],
-            src_offsets=by_src[0],
-            csr_src=by_src[2],
-            csr_dst=by_src[3],
-            csr_edge_id=by_src[4],
-            src_without_edges=by_src[5],
+            by_dst=by_dst.walk(counts[0]),
+            by_src=by_src.walk(counts[1]),
+        )
+
+
+@dataclass(frozen=True)
+class _SortedEdges:
+    """An EdgeWalk before the host knows how many nodes have edges (the one number that needs a sync)."""
+
+    order: torch.Tensor  # [N] int64: nodes by slot, those without edges last
+    offsets: torch.Tensor  # [N + 1] int64, by slot
+    positions: torch.Tensor  # [M] int64: edge ids in walk order
+    node: torch.Tensor  # [M] int64: the walk's node of each edge, caller's order
+    neighbour: torch.Tensor  # [M] int64
+    num_busy: torch.Tensor  # [] int64 on the device
+
+    @classmethod
+    def of(cls, node, neighbour, order, num_nodes: int) -> _SortedEdges:
+        device = node.device
+        degree = torch.zeros(num_nodes, dtype=torch.int64, device=device)
+        degree.index_add_(0, node, torch.ones_like(node))  # integer sums: the same on every run
+        if order is None:
+            order = torch.arange(num_nodes, device=device)
+        # Nodes without edges to the last slots; a stable sort keeps the visiting order of the rest.
+        order = order[torch.argsort((degree[order] == 0).to(torch.int8), stable=True)]
+        slot_of_node = torch.empty_like(order)
+        slot_of_node[order] = torch.arange(num_nodes, device=device)
+        slots, positions = torch.sort(slot_of_node[node], stable=True)  # stable: caller's order within a node
+        offsets = torch.searchsorted(slots, torch.arange(num_nodes + 1, device=device))
+        return cls(order, offsets, positions, node, neighbour, (degree > 0).sum())
+
+    def walk(self, num_busy: int) -> EdgeWalk:
+        return EdgeWalk(
+            offsets=self.offsets.int(),
+            node_by_slot=self.order.int(),
+            node=self.node[self.positions].int(),
+            neighbour=self.neighbour[self.positions].int(),
+            edge_id=self.positions.int(),
+            without_edges=torch.sort(self.order[num_busy:]).values,
         )
 
 
@@ -221,22 +314,6 @@ def _checked_order(order, num_nodes: int, name: str, device) -> torch.Tensor | N
     return order
 
 
-def _edge_walk(node, neighbour, order, degree):
-    """(offsets by slot, node by slot, node, neighbour and caller's edge id of every position, nodes without
-    edges); the nodes without edges move to the last slots."""
-    has_edges = degree[order] > 0
-    order = torch.cat([order[has_edges], order[~has_edges]])
-    positions = _walk_positions(node, order)
-    return (
-        _offsets(degree[order]),
-        order.int(),
-        node[positions].int(),
-        neighbour[positions].int(),
-        positions.int(),
-        torch.nonzero(degree == 0).flatten(),
-    )
-
-
 def check_edge_index(
     edge_index: torch.Tensor,  # [2, M]: row 0 = source, row 1 = destination
     num_nodes: int | Sequence[int] | None = None,
@@ -251,13 +328,17 @@ def check_edge_index(
         lo_src = lo_dst = 0
         hi_src = hi_dst = -1
     num_src, num_dst = _resolve_num_nodes(num_nodes, max(hi_src, hi_dst) + 1)
+    _check_index_range(lo_src, hi_src, lo_dst, hi_dst, num_src, num_dst)
+    return num_src, num_dst
+
+
+def _check_index_range(lo_src: int, hi_src: int, lo_dst: int, hi_dst: int, num_src: int, num_dst: int) -> None:
     if min(lo_src, lo_dst) < 0:
         raise ValueError("edge_index holds negative node indices")
     if hi_src >= num_src:
         raise ValueError(f"edge_index[0] (source) holds index {hi_src}, but there are {num_src} source nodes")
     if hi_dst >= num_dst:
         raise ValueError(f"edge_index[1] (destination) holds index {hi_dst}, but there are {num_dst} destination nodes")
-    return num_src, num_dst
 
 
 def check_edge_index_format(edge_index: torch.Tensor) -> None:  # [2, M]
@@ -284,9 +365,3 @@ def _resolve_num_nodes(num_nodes, inferred: int) -> tuple[int, int]:
     if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= _INT32_MAX for n in pair):
         raise ValueError(f"num_nodes must hold non-negative ints below 2**31, got {num_nodes!r}")
     return pair
-
-
-def _offsets(degree: torch.Tensor) -> torch.Tensor:
-    offsets = torch.zeros(degree.numel() + 1, dtype=torch.int32, device=degree.device)
-    offsets[1:] = torch.cumsum(degree, dim=0)
-    return offsets

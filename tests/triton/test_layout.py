@@ -31,31 +31,37 @@ def _check_walk(offsets, walk_node, walk_neighbour, edge_id, without_edges, node
 
 
 @pytest.mark.parametrize("graph_name", list(GRAPH_BUILDERS))
-@pytest.mark.parametrize("given_order", [False, True], ids=["chosen_order", "given_order"])
-def test_walks_cover_every_edge_once(graph_name, given_order):
+@pytest.mark.parametrize("order_kind", ["searched", "caller", "given"])
+def test_walks_cover_every_edge_once(graph_name, order_kind):
     graph = make_graph(graph_name, scale=1)
     src, dst = graph.edge_index
+    given_order = order_kind == "given"
     orders = {}
     if given_order:
         orders = dict(dst_order=torch.randperm(graph.num_dst), src_order=torch.randperm(graph.num_src))
-    layout = GraphLayout.from_edge_index(graph.edge_index.to(DEVICE), (graph.num_src, graph.num_dst), **orders)
+    layout = GraphLayout.from_edge_index(
+        graph.edge_index.to(DEVICE), (graph.num_src, graph.num_dst), search_order=order_kind == "searched", **orders
+    )
     assert (layout.num_src, layout.num_dst, layout.num_edges) == (graph.num_src, graph.num_dst, src.numel())
-    _check_walk(layout.dst_offsets, layout.csc_dst, layout.csc_src, layout.csc_edge_id, layout.dst_without_edges,
-                dst, src, graph.num_dst)
-    _check_walk(layout.src_offsets, layout.csr_src, layout.csr_dst, layout.csr_edge_id, layout.src_without_edges,
-                src, dst, graph.num_src)
-    # dst_by_slot names each slot's node: the busy slots come first, in the given order when there is one.
-    by_slot = layout.dst_by_slot.long().cpu()
-    offsets = layout.dst_offsets.long().cpu()
-    busy = layout.dst_with_edges
-    assert torch.equal(torch.sort(by_slot).values, torch.arange(graph.num_dst))
-    assert torch.equal(layout.csc_dst.long().cpu()[offsets[:busy]], by_slot[:busy])
-    assert (offsets[1 : busy + 1] > offsets[:busy]).all() and (offsets[busy:] == src.numel()).all()
-    if given_order:
-        has_edges = torch.bincount(dst, minlength=graph.num_dst)[orders["dst_order"]] > 0
-        assert torch.equal(by_slot[:busy], orders["dst_order"][has_edges])
-    assert layout.max_in_degree == int(torch.bincount(dst, minlength=graph.num_dst).max())
-    assert layout.max_out_degree == int(torch.bincount(src, minlength=graph.num_src).max())
+    for walk, node, neighbour, num_nodes, order in (
+        (layout.by_dst, dst, src, graph.num_dst, orders.get("dst_order")),
+        (layout.by_src, src, dst, graph.num_src, orders.get("src_order")),
+    ):
+        _check_walk(walk.offsets, walk.node, walk.neighbour, walk.edge_id, walk.without_edges, node, neighbour,
+                    num_nodes)  # fmt: skip
+        # node_by_slot names each slot's node: the busy slots come first, in the given order when there is one.
+        by_slot = walk.node_by_slot.long().cpu()
+        offsets = walk.offsets.long().cpu()
+        busy = walk.num_busy
+        assert torch.equal(torch.sort(by_slot).values, torch.arange(num_nodes))
+        assert torch.equal(walk.node.long().cpu()[offsets[:busy]], by_slot[:busy])
+        assert (offsets[1 : busy + 1] > offsets[:busy]).all() and (offsets[busy:] == src.numel()).all()
+        if given_order:
+            has_edges = torch.bincount(node, minlength=num_nodes)[order] > 0
+            assert torch.equal(by_slot[:busy], order[has_edges])
+        if order_kind == "caller":
+            assert torch.equal(by_slot[:busy], torch.unique(node))
+    assert torch.equal(layout.edge_index().cpu(), graph.edge_index)
 
 
 def test_visiting_order_groups_nodes_that_share_neighbours():
@@ -96,7 +102,7 @@ def test_smoothed_order_brings_neighbours_together():
     # The layout takes it: the graph has more edges than the model's cache window, so the order matters.
     assert src.numel() > 2 * _CACHE_WINDOW_EDGES
     layout = GraphLayout.from_edge_index(torch.stack([src, dst]), num_nodes)
-    assert torch.equal(layout.dst_by_slot.long(), order)
+    assert torch.equal(layout.by_dst.node_by_slot.long(), order)
 
 
 def test_bad_order_raises():
@@ -117,7 +123,7 @@ def test_num_nodes_forms():
     layout = GraphLayout.from_edge_index(edge_index.int(), (4, 3))
     assert (layout.num_src, layout.num_dst) == (4, 3)
     empty = GraphLayout.from_edge_index(torch.zeros(2, 0, dtype=torch.long), (2, 3))
-    assert empty.num_edges == 0 and empty.dst_offsets.tolist() == [0, 0, 0, 0]
+    assert empty.num_edges == 0 and empty.by_dst.offsets.tolist() == [0, 0, 0, 0]
 
 
 @pytest.mark.parametrize(
@@ -135,6 +141,43 @@ def test_num_nodes_forms():
         (torch.tensor([[0, 1], [1, 0]]), (2.0, 2), ValueError, "num_nodes must hold"),
     ],
 )
-def test_bad_edge_index_raises(edge_index, num_nodes, exc, fragment):
+@pytest.mark.parametrize("search_order", [True, False])
+def test_bad_edge_index_raises(edge_index, num_nodes, exc, fragment, search_order):
+    # Without the search, ids are checked after the build's work (clamped until then): the same errors.
     with pytest.raises(exc, match=fragment):
-        GraphLayout.from_edge_index(edge_index, num_nodes)
+        GraphLayout.from_edge_index(edge_index, num_nodes, search_order=search_order)
+
+
+def _expanded(edge_index: torch.Tensor, num_src: int, num_dst: int, copies: int) -> torch.Tensor:
+    """Anemoi's batch expansion: copies concatenated along the edges, node ids offset per copy."""
+    increment = torch.tensor([[num_src], [num_dst]])
+    return torch.cat([edge_index + b * increment for b in range(copies)], dim=1)
+
+
+@pytest.mark.parametrize("graph_name", list(GRAPH_BUILDERS))
+@pytest.mark.parametrize("copies", [1, 3])
+def test_repeat_equals_layout_of_expanded_graph(graph_name, copies):
+    graph = make_graph(graph_name, scale=1)
+    base = GraphLayout.from_edge_index(graph.edge_index.to(DEVICE), (graph.num_src, graph.num_dst))
+    repeated = base.repeat(copies)
+    expanded = _expanded(graph.edge_index, graph.num_src, graph.num_dst, copies).to(DEVICE)
+
+    def copied_order(walk, num_nodes):  # the base's visiting order, copy after copy
+        return torch.cat([walk.node_by_slot.long().cpu() + b * num_nodes for b in range(copies)])
+
+    built = GraphLayout.from_edge_index(
+        expanded, (copies * graph.num_src, copies * graph.num_dst),
+        dst_order=copied_order(base.by_dst, graph.num_dst), src_order=copied_order(base.by_src, graph.num_src),
+    )  # fmt: skip
+    assert (repeated.num_src, repeated.num_dst, repeated.num_edges) == (built.num_src, built.num_dst, built.num_edges)
+    for got, want in zip(repeated.by_dst.tensors() + repeated.by_src.tensors(),
+                         built.by_dst.tensors() + built.by_src.tensors(), strict=True):  # fmt: skip
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    assert torch.equal(repeated.edge_index(), expanded)
+
+
+def test_repeat_rejects_bad_counts():
+    layout = GraphLayout.from_edge_index(torch.tensor([[0, 1], [1, 0]]))
+    for copies in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="copies must be a positive int"):
+            layout.repeat(copies)
