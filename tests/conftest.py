@@ -28,3 +28,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def count_layout_builds(monkeypatch):
+    """Counts GraphLayout builds (the layout cache's, and any other)."""
+    from gtnorm.triton.layout import GraphLayout
+
+    builds = []
+    original = GraphLayout.from_edge_index
+
+    def counting(edge_index, num_nodes=None, **kwargs):
+        builds.append((edge_index.shape[1], tuple(num_nodes)))
+        return original(edge_index, num_nodes, **kwargs)
+
+    monkeypatch.setattr(GraphLayout, "from_edge_index", staticmethod(counting))
+    return builds

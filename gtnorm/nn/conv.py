@@ -5,11 +5,7 @@ running the fused Triton kernels where they can run and the PyG reference elsewh
 from __future__ import annotations
 
 import operator
-import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +15,8 @@ from gtnorm._runtime import triton_can_run_on
 from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.rmsnorm.module import RMSNorm
 from gtnorm.triton.attention import check_attention_tensors, graph_transformer_attention
-from gtnorm.triton.layout import GraphLayout, check_edge_index, check_edge_index_format
+from gtnorm.triton.layout import check_edge_index, check_edge_index_format
+from gtnorm.triton.layout_cache import cached_layout
 
 BACKENDS = ("auto", "triton", "pyg")
 
@@ -44,9 +41,9 @@ class GraphTransformerConv(torch.nn.Module):
             is set, i.e. under the interpreter), PyG elsewhere. Both backends compute the same function
             from the same parameters, so a state_dict moves between them unchanged.
 
-    The Triton backend needs a :class:`gtnorm.GraphLayout` of the graph. It is built on first sight of an
-    ``edge_index`` tensor and reused while that same tensor is alive and unmodified; see
-    :class:`LayoutCache`. Pass the same edge_index tensor (e.g. a registered buffer) every step to build once.
+    The Triton backend needs a :class:`gtnorm.GraphLayout` of the graph: built on first sight of a graph and
+    found again by content (a clone, a per-step batch expansion, an inference tensor holding it) in a cache
+    that every layer shares; see :func:`gtnorm.triton.layout_cache.cached_layout`.
     """
 
     def __init__(self, out_channels: int, qk_norm: bool = False, eps: float | None = None, backend: str = "auto"):
@@ -95,7 +92,7 @@ class GraphTransformerConv(torch.nn.Module):
 
     def _forward_triton(self, query, key, value, edge_attr, edge_index, num_src, num_dst) -> Tensor:
         eps = self._norm_eps()
-        layout = _LAYOUT_CACHE.get(edge_index, num_src, num_dst)
+        layout = cached_layout(edge_index, (num_src, num_dst))
         # The norms run inside the kernels (fused): they are not applied here.
         q_weight = self.q_norm.weight if self.qk_norm else None
         k_weight = self.k_norm.weight if self.qk_norm else None
@@ -175,86 +172,3 @@ def _resolve_size(size, num_key_nodes: int, num_query_nodes: int) -> tuple[int, 
     if num_dst != num_query_nodes:
         raise ValueError(f"size says {num_dst} destination nodes, query has {num_query_nodes}")
     return num_src, num_dst
-
-
-@dataclass(eq=False)
-class _CacheEntry:
-    edge_index_ref: weakref.ref  # the edge_index the layout was built from
-    layout: GraphLayout
-
-
-class LayoutCache:
-    """A small LRU of GraphLayouts, keyed on the identity and version of the edge_index they came from.
-
-    Shared by all GraphTransformerConv modules: a layout depends on the graph only, so the blocks of a processor
-    that all see one edge_index build one layout between them, and encoder, processor and decoder graphs each
-    keep their own entry.
-
-    A hit needs the same memory (data_ptr), shape, strides, dtype and device, the same version counter (an
-    in-place write to edge_index or a view of it bumps it), the same (N_src, N_dst), and the edge_index tensor
-    the layout was built from still alive. The last condition is what makes a data_ptr key safe: while that
-    tensor lives its memory cannot be handed to a new tensor, and once it has died its entry is never hit
-    (and is dropped at the next lookup), so a new graph allocated at the same address is never served an old
-    layout. The price: an edge_index rebuilt every step (e.g. a fresh ``torch.cat``) gets a new layout every
-    step.
-
-    Not cached (built on every call): inference tensors (created under torch.inference_mode), which have no
-    version counter. Writes that bypass the version counter (through ``.data`` or from outside torch) are not
-    seen; call :meth:`clear` after such writes.
-    """
-
-    def __init__(self, max_entries: int = 8):
-        self.max_entries = max_entries
-        self._entries: OrderedDict[tuple, _CacheEntry] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-    @torch.compiler.disable  # data_ptr, weakrefs and the layout build are eager-only work
-    def get(self, edge_index: Tensor, num_src: int, num_dst: int) -> GraphLayout:
-        if edge_index.is_inference():
-            return GraphLayout.from_edge_index(edge_index, (num_src, num_dst))
-        key = (
-            edge_index.data_ptr(),
-            tuple(edge_index.shape),
-            edge_index.stride(),
-            edge_index.dtype,
-            edge_index.device,
-            edge_index._version,
-            num_src,
-            num_dst,
-        )
-        with self._lock:
-            self._drop_dead_entries()
-            entry = self._entries.get(key)
-            if entry is not None and entry.edge_index_ref() is not None:
-                self._entries.move_to_end(key)
-                return entry.layout
-
-        # Built outside the lock: two threads meeting a new graph at once both build it, harmlessly.
-        layout = GraphLayout.from_edge_index(edge_index, (num_src, num_dst))
-        with self._lock:
-            self._entries[key] = _CacheEntry(weakref.ref(edge_index), layout)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-        return layout
-
-    def _drop_dead_entries(self) -> None:
-        # Layouts of graphs whose edge_index has died can never be hit again: free their memory now, before
-        # a new layout is built. (Done here rather than in a weakref callback, which could run mid-update.)
-        for key in [k for k, entry in self._entries.items() if entry.edge_index_ref() is None]:
-            del self._entries[key]
-
-
-_LAYOUT_CACHE = LayoutCache()
-
-
-def clear_layout_cache() -> None:
-    """Drop every cached GraphLayout (e.g. after writing to an edge_index behind torch's version counter)."""
-    _LAYOUT_CACHE.clear()

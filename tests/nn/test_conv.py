@@ -17,8 +17,8 @@ import torch
 
 import gtnorm
 import gtnorm.nn.conv as conv_module
-from gtnorm.nn.conv import GraphTransformerConv, LayoutCache, clear_layout_cache
-from gtnorm.triton.layout import GraphLayout
+from gtnorm.nn.conv import GraphTransformerConv
+from gtnorm.triton.layout_cache import clear_layout_cache
 from tests.conftest import DEVICE, HAS_CUDA
 from tests.graphs import GRAPH_BUILDERS, SmallGraph, make_graph, random_inputs, rel_error
 
@@ -32,20 +32,6 @@ def empty_layout_cache():
     clear_layout_cache()
     yield
     clear_layout_cache()
-
-
-@pytest.fixture
-def count_layout_builds(monkeypatch):
-    """Counts GraphLayout builds made by the conv's cache."""
-    builds = []
-    original = GraphLayout.from_edge_index
-
-    def counting(edge_index, num_nodes=None):
-        builds.append((edge_index.shape[1], tuple(num_nodes)))
-        return original(edge_index, num_nodes)
-
-    monkeypatch.setattr(conv_module.GraphLayout, "from_edge_index", staticmethod(counting))
-    return builds
 
 
 def make_conv(channels, qk_norm=True, backend="auto", eps=EPS, dtype=torch.float32, device=DEVICE, seed=0):
@@ -218,9 +204,6 @@ def test_state_dict_moves_between_backends():
     assert torch.equal(triton.q_norm.weight, torch.ones(5, device=DEVICE))
 
 
-# --- layout cache --------------------------------------------------------------------------------------------
-
-
 def _call(conv, graph, edge_index=None, heads=2, channels=8):
     inputs = make_inputs(graph, heads, channels, dtype=torch.float32, device=DEVICE)
     edge_index = graph.edge_index.to(DEVICE) if edge_index is None else edge_index
@@ -234,130 +217,7 @@ def _pyg_on(graph, edge_index, inputs):
                                        edge_index, size=(graph.num_src, graph.num_dst))  # fmt: skip
 
 
-def test_same_edge_index_builds_once(count_layout_builds):
-    graph = make_graph("random_bipartite", seed=5)
-    edge_index = graph.edge_index.to(DEVICE)
-    conv = make_conv(8, backend="triton")
-    for _ in range(3):
-        _call(conv, graph, edge_index)
-    # Another module on the same graph (a processor's next block) shares the layout.
-    _call(make_conv(8, backend="triton", seed=1), graph, edge_index)
-    # So does a view of the same memory (same data_ptr, shape and strides).
-    _call(conv, graph, edge_index[:, :])
-    assert len(count_layout_builds) == 1
-
-
-def test_in_place_write_rebuilds(count_layout_builds):
-    graph = make_graph("processor_like", seed=6)
-    edge_index = graph.edge_index.clone().to(DEVICE)
-    conv = make_conv(8, backend="triton")
-    _call(conv, graph, edge_index)
-    edge_index[1, :5] = (edge_index[1, :5] + 1) % graph.num_dst  # same memory, new graph
-    out, inputs = _call(conv, graph, edge_index)
-    assert len(count_layout_builds) == 2
-    torch.testing.assert_close(out, _pyg_on(graph, edge_index, inputs), rtol=1e-5, atol=1e-5)
-    # A write through a view bumps the shared version counter too.
-    edge_index[0].fill_(0)
-    out, inputs = _call(conv, graph, edge_index)
-    assert len(count_layout_builds) == 3
-    torch.testing.assert_close(out, _pyg_on(graph, edge_index, inputs), rtol=1e-5, atol=1e-5)
-
-
-def test_different_graphs_each_keep_their_layout(count_layout_builds):
-    encoder, decoder = make_graph("encoder_like", seed=7), make_graph("decoder_like", seed=7)
-    encoder_edges, decoder_edges = encoder.edge_index.to(DEVICE), decoder.edge_index.to(DEVICE)
-    conv = make_conv(8, backend="triton")
-    for _ in range(2):
-        _call(conv, encoder, encoder_edges)
-        out, inputs = _call(conv, decoder, decoder_edges)
-    assert len(count_layout_builds) == 2
-    torch.testing.assert_close(out, _pyg_on(decoder, decoder_edges, inputs), rtol=1e-5, atol=1e-5)
-    # Equal values in another tensor are another graph as far as the cache knows: rebuilt, not compared.
-    _call(conv, encoder, encoder_edges.clone())
-    assert len(count_layout_builds) == 3
-
-
-def test_same_memory_with_other_strides_rebuilds(count_layout_builds):
-    num_nodes = 30
-    memory = (torch.arange(2 * num_nodes) * 7 % num_nodes).to(DEVICE)
-    by_rows = memory.view(2, num_nodes)  # sources are the first half of memory
-    interleaved = memory.view(num_nodes, 2).t()  # same memory and shape, sources at even positions
-    assert by_rows.data_ptr() == interleaved.data_ptr() and by_rows.shape == interleaved.shape
-    graph = SmallGraph("square", by_rows.cpu(), num_nodes, num_nodes)
-    conv = make_conv(8, backend="triton")
-    _call(conv, graph, by_rows)
-    out, inputs = _call(conv, graph, interleaved)
-    assert len(count_layout_builds) == 2
-    torch.testing.assert_close(out, _pyg_on(graph, interleaved, inputs), rtol=1e-5, atol=1e-5)
-
-
-def test_other_node_counts_rebuild(count_layout_builds):
-    graph = make_graph("random_bipartite", seed=8)
-    edge_index = graph.edge_index.to(DEVICE)
-    conv = make_conv(8, backend="triton")
-    _call(conv, graph, edge_index)
-    bigger = SmallGraph("bigger", graph.edge_index, graph.num_src + 2, graph.num_dst + 3)
-    out, _ = _call(conv, bigger, edge_index)
-    assert len(count_layout_builds) == 2 and out.shape[0] == graph.num_dst + 3
-
-
-def test_dead_edge_index_is_never_hit(count_layout_builds):
-    """A new graph may be allocated where a freed one was (same data_ptr, shape, version 0): it must not be
-    served the freed graph's layout, and the dead entry's memory is released."""
-    graph = make_graph("processor_like", seed=9)
-    conv = make_conv(8, backend="triton")
-    cache = conv_module._LAYOUT_CACHE
-    _call(conv, graph, graph.edge_index.clone().to(DEVICE))  # the edge_index dies after the call
-    assert len(count_layout_builds) == 1
-    for _ in range(3):
-        shuffled = graph.edge_index[:, torch.randperm(graph.edge_index.shape[1])].to(DEVICE)
-        out, inputs = _call(conv, graph, shuffled)
-        torch.testing.assert_close(out, _pyg_on(graph, shuffled, inputs), rtol=1e-5, atol=1e-5)
-        del shuffled
-    assert len(count_layout_builds) == 4
-    _call(conv, graph, graph.edge_index.to(DEVICE))
-    assert len(cache) == 1  # dead entries were dropped
-
-
-def test_least_recently_used_layout_is_evicted(count_layout_builds):
-    cache = LayoutCache(max_entries=2)
-    graphs = [make_graph("decoder_like", seed=s) for s in range(3)]
-    for g in graphs + graphs[1:]:
-        cache.get(g.edge_index, g.num_src, g.num_dst)
-    assert len(count_layout_builds) == 3 and len(cache) == 2
-    cache.get(graphs[0].edge_index, graphs[0].num_src, graphs[0].num_dst)
-    assert len(count_layout_builds) == 4
-
-
-def test_inference_tensors_are_not_cached(count_layout_builds):
-    graph = make_graph("decoder_like", seed=10)
-    conv = make_conv(8, backend="triton")
-    with torch.inference_mode():
-        edge_index = graph.edge_index.to(DEVICE) + 0  # an inference tensor: no version counter
-        out, inputs = _call(conv, graph, edge_index)
-        _call(conv, graph, edge_index)
-        expected = _pyg_on(graph, edge_index, inputs)
-    assert len(count_layout_builds) == 2
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-
-
-def test_pyg_backend_builds_no_layout(count_layout_builds):
-    graph = make_graph("decoder_like", seed=11)
-    _call(make_conv(8, backend="pyg"), graph)
-    assert count_layout_builds == []
-
-
-def test_torch_compile_sees_a_mutated_edge_index():
-    """Under torch.compile the cache lookup runs eagerly (a graph break), so it still sees in-place writes."""
-    graph = make_graph("processor_like", seed=18)
-    edge_index = graph.edge_index.clone().to(DEVICE)
-    inputs = make_inputs(graph, 2, 8, dtype=torch.float32, device=DEVICE)
-    args = (inputs["query"], inputs["key"], inputs["value"], inputs["edge_attr"])
-    compiled = torch.compile(make_conv(8, backend="triton"), backend="aot_eager")
-    for _ in range(2):
-        torch.testing.assert_close(compiled(*args, edge_index), _pyg_on(graph, edge_index, inputs), rtol=1e-5,
-                                   atol=1e-5)  # fmt: skip
-        edge_index[1, :10] = (edge_index[1, :10] + 3) % graph.num_dst
+# --- copies -------------------------------------------------------------------------------------------------
 
 
 def test_module_copies_after_use():

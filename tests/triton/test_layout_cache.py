@@ -1,0 +1,181 @@
+"""The layout cache: reuse by identity and by content (clones, batch copies, inference tensors), never a false
+hit (other graphs of the same shape, in-place writes, other strides), bounded memory. Through the layer, so
+each reuse is also checked against the PyG backend's answer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gtnorm.triton.layout_cache import LayoutCache, cached_layout, clear_layout_cache
+from tests.conftest import DEVICE, HAS_CUDA
+from tests.graphs import SmallGraph, make_graph
+from tests.nn.test_conv import _call, _pyg_on, make_conv
+
+
+@pytest.fixture(autouse=True)
+def empty_layout_cache():
+    clear_layout_cache()
+    yield
+    clear_layout_cache()
+
+
+def _expanded(graph: SmallGraph, copies: int) -> SmallGraph:
+    """Anemoi's batch expansion, a fresh tensor each call: copies concatenated, node ids offset per copy."""
+    increment = torch.tensor([[graph.num_src], [graph.num_dst]])
+    edge_index = torch.cat([graph.edge_index + b * increment for b in range(copies)], dim=1)
+    return SmallGraph(f"{graph.name}x{copies}", edge_index, copies * graph.num_src, copies * graph.num_dst)
+
+
+def _assert_matches_pyg(conv, graph, edge_index):
+    out, inputs = _call(conv, graph, edge_index)
+    torch.testing.assert_close(out, _pyg_on(graph, edge_index, inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_same_edge_index_builds_once(count_layout_builds):
+    graph = make_graph("random_bipartite", seed=5)
+    edge_index = graph.edge_index.to(DEVICE)
+    conv = make_conv(8, backend="triton")
+    for _ in range(3):
+        _call(conv, graph, edge_index)
+    # Another module on the same graph (a processor's next block) shares the layout.
+    _call(make_conv(8, backend="triton", seed=1), graph, edge_index)
+    # So does a view of the same memory, and a clone (same content).
+    _call(conv, graph, edge_index[:, :])
+    _assert_matches_pyg(conv, graph, edge_index.clone())
+    _assert_matches_pyg(conv, graph, edge_index.int())
+    assert len(count_layout_builds) == 1
+
+
+def test_batch_copies_reuse_the_base_layout(count_layout_builds):
+    graph = make_graph("encoder_like", seed=3)
+    conv = make_conv(8, backend="triton")
+    cached_layout(graph.edge_index.to(DEVICE), (graph.num_src, graph.num_dst))  # as a model registers its graph
+    for copies in (3, 3, 2):
+        expanded = _expanded(graph, copies)
+        _assert_matches_pyg(conv, expanded, expanded.edge_index.to(DEVICE))  # a new tensor every step
+    assert len(count_layout_builds) == 1
+    layout = cached_layout(_expanded(graph, 3).edge_index.to(DEVICE), (3 * graph.num_src, 3 * graph.num_dst))
+    assert layout.num_edges == 3 * graph.edge_index.shape[1]
+
+
+def test_inference_tensors_hit_by_content(count_layout_builds):
+    graph = make_graph("decoder_like", seed=10)
+    conv = make_conv(8, backend="triton")
+    with torch.inference_mode():
+        edge_index = graph.edge_index.to(DEVICE) + 0  # an inference tensor: no version counter
+        out, inputs = _call(conv, graph, edge_index)
+        _call(conv, graph, edge_index)
+        expected = _pyg_on(graph, edge_index, inputs)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    # The layout first met in inference serves training (its tensors are no inference tensors).
+    query = torch.randn(graph.num_dst, 2, 8, device=DEVICE, requires_grad=True)
+    key, value = torch.randn(2, graph.num_src, 2, 8, device=DEVICE)
+    conv(query, key, value, None, graph.edge_index.to(DEVICE), size=(graph.num_src, graph.num_dst)).sum().backward()
+    assert len(count_layout_builds) == 1
+
+
+def test_chunks_of_equal_shape_keep_their_own_layouts(count_layout_builds):
+    """Anemoi's decoder splits a graph into mapper chunks of equal shape and different content: no false hits."""
+    graph = make_graph("decoder_like", seed=4)
+    chunks = graph.edge_index.chunk(4, dim=1)
+    shapes = {c.shape for c in chunks}
+    conv = make_conv(8, backend="triton")
+    for _ in range(2):
+        for chunk in chunks:
+            chunk_graph = SmallGraph("chunk", chunk, graph.num_src, graph.num_dst)
+            _assert_matches_pyg(conv, chunk_graph, chunk.clone().to(DEVICE))
+    assert len(shapes) == 1 and len(count_layout_builds) == 4
+
+
+def test_in_place_write_rebuilds(count_layout_builds):
+    graph = make_graph("processor_like", seed=6)
+    edge_index = graph.edge_index.clone().to(DEVICE)
+    original = edge_index.clone()
+    conv = make_conv(8, backend="triton")
+    _call(conv, graph, edge_index)
+    edge_index[1, :5] = (edge_index[1, :5] + 1) % graph.num_dst  # same memory, new graph
+    _assert_matches_pyg(conv, graph, edge_index)
+    assert len(count_layout_builds) == 2
+    # A write through a view bumps the shared version counter too.
+    edge_index[0].fill_(0)
+    _assert_matches_pyg(conv, graph, edge_index)
+    assert len(count_layout_builds) == 3
+    # Written back to the first graph's content: found again.
+    edge_index.copy_(original)
+    _assert_matches_pyg(conv, graph, edge_index)
+    assert len(count_layout_builds) == 3
+
+
+def test_same_memory_with_other_strides_is_another_graph(count_layout_builds):
+    num_nodes = 30
+    memory = (torch.arange(2 * num_nodes) * 7 % num_nodes).to(DEVICE)
+    by_rows = memory.view(2, num_nodes)  # sources are the first half of memory
+    interleaved = memory.view(num_nodes, 2).t()  # same memory and shape, sources at even positions
+    assert by_rows.data_ptr() == interleaved.data_ptr() and by_rows.shape == interleaved.shape
+    graph = SmallGraph("square", by_rows.cpu(), num_nodes, num_nodes)
+    conv = make_conv(8, backend="triton")
+    _call(conv, graph, by_rows)
+    _assert_matches_pyg(conv, graph, interleaved)
+    assert len(count_layout_builds) == 2
+
+
+def test_other_node_counts_are_another_graph(count_layout_builds):
+    graph = make_graph("random_bipartite", seed=8)
+    edge_index = graph.edge_index.to(DEVICE)
+    conv = make_conv(8, backend="triton")
+    _call(conv, graph, edge_index)
+    bigger = SmallGraph("bigger", graph.edge_index, graph.num_src + 2, graph.num_dst + 3)
+    out, _ = _call(conv, bigger, edge_index)
+    assert len(count_layout_builds) == 2 and out.shape[0] == graph.num_dst + 3
+
+
+def test_freed_memory_reused_by_another_graph_is_not_hit(count_layout_builds):
+    """A new graph may be allocated where a freed one was (same data_ptr, shape, version 0): it must not be
+    served the freed graph's layout."""
+    graph = make_graph("processor_like", seed=9)
+    conv = make_conv(8, backend="triton")
+    _call(conv, graph, graph.edge_index.clone().to(DEVICE))  # the edge_index dies after the call
+    for _ in range(3):
+        shuffled = graph.edge_index[:, torch.randperm(graph.edge_index.shape[1])].to(DEVICE)
+        _assert_matches_pyg(conv, graph, shuffled)
+        del shuffled
+    assert len(count_layout_builds) == 4
+
+
+def test_least_recently_used_graph_is_evicted(count_layout_builds):
+    cache = LayoutCache(max_graphs=2)
+    graphs = [make_graph("decoder_like", seed=s) for s in range(3)]
+    for g in graphs + graphs[1:]:
+        cache.get(g.edge_index, g.num_src, g.num_dst)
+    assert len(count_layout_builds) == 3 and len(cache) == 2
+    cache.get(graphs[0].edge_index, graphs[0].num_src, graphs[0].num_dst)
+    assert len(count_layout_builds) == 4 and len(cache) == 2
+
+
+def test_pyg_backend_builds_no_layout(count_layout_builds):
+    _call(make_conv(8, backend="pyg"), make_graph("decoder_like", seed=11))
+    assert count_layout_builds == []
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="shape"):
+        cached_layout(torch.zeros(3, 4, dtype=torch.long), (2, 2))
+    with pytest.raises(ValueError, match="num_nodes"):
+        cached_layout(torch.zeros(2, 4, dtype=torch.long), (2, -2))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_identity_hit_makes_no_host_sync():
+    graph = make_graph("encoder_like", seed=2)
+    edge_index = graph.edge_index.cuda()
+    conv = make_conv(8, backend="triton", device="cuda")
+    _, inputs = _call(conv, graph, edge_index)
+    args = (inputs["query"], inputs["key"], inputs["value"], inputs["edge_attr"], edge_index)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:  # the lookup and the op's launches
+        conv(*args, size=(graph.num_src, graph.num_dst))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
