@@ -92,8 +92,10 @@ def call_rows(graph, heads: int, channels: int, device) -> dict:
     def randn(*shape):
         return torch.randn(*shape, generator=gen, device=device, dtype=dtype).requires_grad_()
 
-    q, k, v = randn(graph.num_dst, heads, channels), randn(graph.num_src, heads, channels), randn(
-        graph.num_src, heads, channels
+    q, k, v = (
+        randn(graph.num_dst, heads, channels),
+        randn(graph.num_src, heads, channels),
+        randn(graph.num_src, heads, channels),
     )
     e = randn(graph.edge_index.shape[1], heads, channels)
     grad = torch.randn(graph.num_dst, heads, channels, generator=gen, device=device, dtype=dtype)
@@ -120,9 +122,10 @@ def call_rows(graph, heads: int, channels: int, device) -> dict:
 
     paths = {"gtnorm_op": op, "gtnorm_layer": layer_same, "gtnorm_layer_fresh_clone": layer_clone}
     if anemoi_conv is not None:
-        q_norm, k_norm = torch.nn.RMSNorm(channels, eps=conv.q_norm.eps), torch.nn.RMSNorm(channels, eps=conv.q_norm.eps)
-        q_norm.to(device), k_norm.to(device)
-        q_norm.weight.data.copy_(w_q.data), k_norm.weight.data.copy_(w_k.data)
+        q_norm = torch.nn.RMSNorm(channels, eps=conv.q_norm.eps).to(device)
+        k_norm = torch.nn.RMSNorm(channels, eps=conv.k_norm.eps).to(device)
+        with torch.no_grad():
+            q_norm.weight.copy_(w_q), k_norm.weight.copy_(w_k)
         leaves += [q_norm.weight, k_norm.weight]
         csc, perm, reverse = edge_index_to_csc(edge_index, sizes, reverse=True)
 
@@ -179,7 +182,8 @@ def _print_table(results) -> None:
         for key, rows in entry.items():
             if key == "layout":
                 continue
-            cells = [f"{p[:-7]} {rows[p]:.3f}ms/{rows[p[:-7] + '_host_us']:.0f}us" for p in rows if p.endswith("_gpu_ms")]
+            paths = [p.removesuffix("_gpu_ms") for p in rows if p.endswith("_gpu_ms")]
+            cells = [f"{p} {rows[p + '_gpu_ms']:.3f}ms/{rows[p + '_host_us']:.0f}us" for p in paths]
             print(f"  {key} fwd+bwd gpu/host: " + "; ".join(cells))
 
 
