@@ -9,9 +9,8 @@ small, register-light programs per SM whose loads the software pipeliner keeps i
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-
-import triton
 
 from gtnorm._runtime import interpreter_active, sm_count
 
@@ -71,15 +70,30 @@ class AttentionLaunchConfig:
         return 1
 
 
+def cdiv(a: int, b: int) -> int:
+    # Plain Python: triton.cdiv is a constexpr function in newer Triton, ~5 us per call from the host.
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def _launch(num_heads: int, block_c: int, row_slice: int, num_warps: int, num_stages: int, **kw) -> KernelLaunch:
-    block_h = min(triton.next_power_of_2(num_heads), max(1, row_slice // block_c))
+    block_h = min(next_power_of_2(num_heads), max(1, row_slice // block_c))
     if interpreter_active():  # older interpreters cannot run range() over loaded bounds: the while loop
         num_stages = 0
-    return KernelLaunch(block_h, triton.cdiv(num_heads, block_h), num_warps, num_stages, **kw)
+    return KernelLaunch(block_h, cdiv(num_heads, block_h), num_warps, num_stages, **kw)
 
 
 def attention_launch_config(num_heads: int, head_dim: int) -> AttentionLaunchConfig:
-    block_c = triton.next_power_of_2(head_dim)
+    """Launch settings for H heads of C channels (cached: it runs on every call's host path)."""
+    return _attention_launch_config(num_heads, head_dim, interpreter_active())
+
+
+@functools.cache
+def _attention_launch_config(num_heads: int, head_dim: int, _interpreted: bool) -> AttentionLaunchConfig:
+    block_c = next_power_of_2(head_dim)
     per_program = _BACKWARD_EDGES_PER_PROGRAM
     return AttentionLaunchConfig(
         block_c=block_c,
@@ -109,8 +123,8 @@ def column_sum_launch(n_rows: int, n_cols: int, device) -> ColumnSumLaunch | Non
     """How to reduce [n_rows, n_cols] partial rows to one block sum per program; None: leave it all to torch."""
     if n_rows < _COLUMN_SUM_MIN_ROWS:
         return None
-    block_c = triton.next_power_of_2(n_cols)
+    block_c = next_power_of_2(n_cols)
     block_r = max(1, _COLUMN_SUM_TILE // block_c)
-    blocks = triton.cdiv(n_rows, block_r)
+    blocks = cdiv(n_rows, block_r)
     programs = min(blocks, sm_count(device) * _COLUMN_SUM_PROGRAMS_PER_SM)
-    return ColumnSumLaunch(block_r, block_c, programs, triton.cdiv(blocks, programs) * block_r)
+    return ColumnSumLaunch(block_r, block_c, programs, cdiv(blocks, programs) * block_r)

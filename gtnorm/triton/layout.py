@@ -146,8 +146,10 @@ class GraphLayout:
         check_edge_index_format(edge_index)
         src, dst = edge_index[0].long(), edge_index[1].long()
         to_search = search_order and (dst_order is None or src_order is None) and src.numel() > 0
-        checked = num_nodes is None or to_search
-        if checked:  # the search indexes with the node ids, so they are checked first (one sync)
+        # Node ids are checked first (one sync) where an order indexes with them; the plain build needs no such
+        # index and checks them with the one sync it makes anyway, at the end.
+        checked = num_nodes is None or to_search or dst_order is not None or src_order is not None
+        if checked:
             num_src, num_dst = check_edge_index(edge_index, num_nodes)
         else:
             num_src, num_dst = _resolve_num_nodes(num_nodes, 0)
@@ -161,15 +163,11 @@ class GraphLayout:
                 dst_order = visiting_order(dst, src, num_dst, smoothed)
             if src_order is None:
                 src_order = visiting_order(src, dst, num_src, smoothed)
-        # Until the one sync below has checked them, ids are clamped, so no gather can fault on a bad one.
-        src_ids, dst_ids = src, dst
-        if not checked:
-            src_ids, dst_ids = src.clamp(0, max(num_src - 1, 0)), dst.clamp(0, max(num_dst - 1, 0))
-        by_dst = _SortedEdges.of(dst_ids, src_ids, dst_order, num_dst)
-        by_src = _SortedEdges.of(src_ids, dst_ids, src_order, num_src)
+        by_dst = _SortedEdges.of(dst, src, dst_order, num_dst)
+        by_src = _SortedEdges.of(src, dst, src_order, num_src)
         counts = [by_dst.num_busy, by_src.num_busy]
         if not checked and src.numel():
-            counts += [src.min(), src.max(), dst.min(), dst.max()]
+            counts += [*torch.aminmax(src), *torch.aminmax(dst)]
         counts = torch.stack(counts).tolist()  # the build's one host sync
         if not checked and src.numel():
             _check_index_range(*counts[2:], num_src, num_dst)
@@ -189,31 +187,39 @@ class _SortedEdges:
     order: torch.Tensor  # [N] int64: nodes by slot, those without edges last
     offsets: torch.Tensor  # [N + 1] int64, by slot
     positions: torch.Tensor  # [M] int64: edge ids in walk order
-    node: torch.Tensor  # [M] int64: the walk's node of each edge, caller's order
-    neighbour: torch.Tensor  # [M] int64
+    node: torch.Tensor  # [M] int64: the walk's node at each position
+    neighbour: torch.Tensor  # [M] int64: the other end at each position
     num_busy: torch.Tensor  # [] int64 on the device
 
     @classmethod
     def of(cls, node, neighbour, order, num_nodes: int) -> _SortedEdges:
-        device = node.device
-        degree = torch.zeros(num_nodes, dtype=torch.int64, device=device)
-        degree.index_add_(0, node, torch.ones_like(node))  # integer sums: the same on every run
+        """``order`` None: the caller's numbering. Then node ids need not be checked yet: nothing is gathered
+        with them, and ids out of range only leave the walk (the caller raises before using it)."""
+        arange = torch.arange(num_nodes + 1, device=node.device)
         if order is None:
-            order = torch.arange(num_nodes, device=device)
-        # Nodes without edges to the last slots; a stable sort keeps the visiting order of the rest.
-        order = order[torch.argsort((degree[order] == 0).to(torch.int8), stable=True)]
-        slot_of_node = torch.empty_like(order)
-        slot_of_node[order] = torch.arange(num_nodes, device=device)
-        slots, positions = torch.sort(slot_of_node[node], stable=True)  # stable: caller's order within a node
-        offsets = torch.searchsorted(slots, torch.arange(num_nodes + 1, device=device))
-        return cls(order, offsets, positions, node, neighbour, (degree > 0).sum())
+            # Sorting by node is sorting by slot (nodes without edges move last below, which keeps the others'
+            # order), so one stable sort gives the walk, and the nodes' degrees with it.
+            walk_node, positions = torch.sort(node, stable=True)
+            degree = torch.searchsorted(walk_node, arange).diff()
+            order = torch.argsort((degree == 0).to(torch.int8), stable=True)
+        else:
+            degree = torch.zeros(num_nodes, dtype=torch.int64, device=node.device)
+            degree.index_add_(0, node, torch.ones_like(node))  # integer sums: the same on every run
+            # Nodes without edges to the last slots; a stable sort keeps the visiting order of the rest.
+            order = order[torch.argsort((degree[order] == 0).to(torch.int8), stable=True)]
+            slot_of_node = torch.empty_like(order)
+            slot_of_node[order] = arange[:-1]
+            _, positions = torch.sort(slot_of_node[node], stable=True)  # stable: caller's order within a node
+            walk_node = node[positions]
+        offsets = torch.cumsum(torch.cat([degree.new_zeros(1), degree[order]]), dim=0)
+        return cls(order, offsets, positions, walk_node, neighbour[positions], (degree > 0).sum())
 
     def walk(self, num_busy: int) -> EdgeWalk:
         return EdgeWalk(
             offsets=self.offsets.int(),
             node_by_slot=self.order.int(),
-            node=self.node[self.positions].int(),
-            neighbour=self.neighbour[self.positions].int(),
+            node=self.node.int(),
+            neighbour=self.neighbour.int(),
             edge_id=self.positions.int(),
             without_edges=torch.sort(self.order[num_busy:]).values,
         )
