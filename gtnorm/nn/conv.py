@@ -166,8 +166,14 @@ class GraphTransformerConv(torch.nn.Module):
 
     def _forward_pyg(self, query, key, value, edge_attr, edge_index, num_src, num_dst) -> Tensor:
         # The Triton path range-checks indices while building its layout; PyG would fail inside a scatter
-        # (or with a device-side assert on CUDA), so check here for the same clear error on both paths.
-        check_edge_index(edge_index, (num_src, num_dst))
+        # (or with a device-side assert on CUDA), so check here for the same clear error on both paths. Under
+        # torch.compile a host sync would break the graph: there the check runs on the device.
+        if torch.compiler.is_compiling():
+            bounds = torch.tensor([[num_src], [num_dst]], device=edge_index.device)
+            in_range = ((edge_index >= 0) & (edge_index < bounds)).all()
+            torch._assert_async(in_range, "edge_index holds node indices out of range for size=(num_src, num_dst)")
+        else:
+            check_edge_index(edge_index, (num_src, num_dst))
         query_dtype = query.dtype
         query, key = self._apply_norms(query, key)
         # Mixed operand dtypes: computed in the widest of them, returned in the query's (as the kernels do).

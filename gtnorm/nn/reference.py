@@ -61,15 +61,9 @@ class GraphTransformerMessagePassing(MessagePassing):
         return value_j * alpha.unsqueeze(-1)
 
 
-_MESSAGE_PASSING: GraphTransformerMessagePassing | None = None
-
-
-def _message_passing() -> GraphTransformerMessagePassing:
-    # One shared instance: the module is stateless, and building one inspects message()'s signature.
-    global _MESSAGE_PASSING
-    if _MESSAGE_PASSING is None:
-        _MESSAGE_PASSING = GraphTransformerMessagePassing()
-    return _MESSAGE_PASSING
+# One shared instance (the module is stateless), built at import: building one inspects message()'s signature,
+# which torch.compile cannot trace, so a lazily built one would break a compiled layer's graph.
+_MESSAGE_PASSING = GraphTransformerMessagePassing()
 
 
 def reference_graph_transformer_attention(
@@ -90,4 +84,4 @@ def reference_graph_transformer_attention(
     if k_norm is not None:
         key = k_norm(key)
     # PyG's scatter needs int64 indices.
-    return _message_passing()(query, key, value, edge_attr, edge_index.long(), size=size)
+    return _MESSAGE_PASSING(query, key, value, edge_attr, edge_index.long(), size=size)

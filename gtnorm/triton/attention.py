@@ -8,7 +8,7 @@ from torch import Tensor
 
 from gtnorm._runtime import check_dtype, check_triton_device, resolve_eps
 from gtnorm.triton.layout import GraphLayout
-from gtnorm.triton.ops import graph_attention_forward
+from gtnorm.triton.ops import graph_attention
 
 NORM_KINDS = ("rms", "layer")
 # torch.nn.LayerNorm's default; RMSNorm's default (None) depends on the dtype (_runtime.resolve_eps).
@@ -61,7 +61,7 @@ def graph_transformer_attention(
     eps_q, eps_k = resolve_norm_eps(eps, kind, query.dtype, key.dtype)
     operands = [t.contiguous() if t is not None else None for t in (query, key, value, edge_attr)]
     norm_params = [p.contiguous() if p is not None else None for p in params.values()]
-    out, _ = graph_attention_forward(*operands, *norm_params, *layout.tensors(), kind or "none", eps_q, eps_k)
+    out, _ = graph_attention(*operands, *norm_params, *layout.tensors(), kind or "none", eps_q, eps_k)
     return out
 
 

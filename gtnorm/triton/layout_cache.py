@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from gtnorm.triton.layout import GraphLayout, _resolve_num_nodes, check_edge_index_format
+from gtnorm.triton.layout import EdgeWalk, GraphLayout, _resolve_num_nodes, check_edge_index_format
 
 
 @dataclass(eq=False)
@@ -180,7 +180,32 @@ def cached_layout(
     """
     check_edge_index_format(edge_index)
     num_src, num_dst = _resolve_num_nodes(num_nodes, 0)
+    if torch.compiler.is_compiling():
+        # The lookup (data_ptr, weakrefs, a sync on a new graph) is opaque to the tracer: an op of its own
+        # whose outputs are the layout's tensors, so that a compiled layer has no graph break.
+        walks = torch.ops.gtnorm.cached_layout(edge_index, num_src, num_dst)
+        return GraphLayout(num_src, num_dst, edge_index.shape[1], EdgeWalk(*walks[:6]), EdgeWalk(*walks[6:]))
     return _SHARED_CACHE.get(edge_index, num_src, num_dst)
+
+
+@torch.library.custom_op("gtnorm::cached_layout", mutates_args=())
+def _cached_layout_op(edge_index: Tensor, num_src: int, num_dst: int) -> list[Tensor]:
+    """Both walks' tensors (EdgeWalk field order, by destination then by source), fresh tensors (an op's outputs
+    may not be shared with earlier calls): a few index arrays, copied on the device, no sync on a hit."""
+    layout = _SHARED_CACHE.get(edge_index, num_src, num_dst)
+    return [t.clone() for t in layout.by_dst.tensors() + layout.by_src.tensors()]
+
+
+@_cached_layout_op.register_fake
+def _(edge_index, num_src, num_dst):
+    num_edges = edge_index.shape[1]
+    ctx = torch.library.get_ctx()
+
+    def walk(num_nodes):
+        int32 = [edge_index.new_empty(n, dtype=torch.int32) for n in (num_nodes + 1, num_nodes, *[num_edges] * 3)]
+        return [*int32, edge_index.new_empty(ctx.new_dynamic_size(), dtype=torch.int64)]
+
+    return walk(num_dst) + walk(num_src)
 
 
 def clear_layout_cache() -> None:

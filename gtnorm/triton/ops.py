@@ -1,7 +1,10 @@
-"""Launch glue: the attention kernels as ``torch.library`` custom ops with fake impls and autograd.
+"""Launch glue: the attention kernels as ``torch.library`` custom ops with fake impls and autograd, and
+:func:`graph_attention`, which runs them.
 
 The layout's index tensors are op arguments (not a Python object) so that torch.compile can trace the op and
-the autograd formula can hand them to the backward op.
+the autograd formula can hand them to the backward op. Outside torch.compile the same implementations and the
+same autograd formula run as a plain ``torch.autograd.Function``: the custom-op dispatch (argument binding,
+schema checks, its autograd wrapper) costs host time on every call that only tracing needs.
 """
 
 from __future__ import annotations
@@ -27,8 +30,7 @@ NORM_CODES = {"none": 0, "rms": 1, "layer": 2}
 
 
 
-@torch.library.custom_op("gtnorm::graph_attention_forward", mutates_args=())
-def graph_attention_forward(
+def attention_forward(
     query: Tensor,  # [N_dst, H, C]
     key: Tensor,  # [N_src, H, C]
     value: Tensor,  # [N_src, H, C]
@@ -84,13 +86,17 @@ def graph_attention_forward(
     return out, lse
 
 
+graph_attention_forward = torch.library.custom_op("gtnorm::graph_attention_forward", mutates_args=())(
+    attention_forward
+)
+
+
 @graph_attention_forward.register_fake
 def _(query, key, value, edge_attr, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias, *layout_and_flags):
     return torch.empty_like(query), query.new_empty(query.shape[:2], dtype=torch.float32)
 
 
-@torch.library.custom_op("gtnorm::graph_attention_backward", mutates_args=())
-def graph_attention_backward(
+def attention_backward(
     grad_out: Tensor,  # [N_dst, H, C]
     query: Tensor,  # [N_dst, H, C]
     key: Tensor,  # [N_src, H, C]
@@ -234,6 +240,11 @@ def _column_sum(rows: Tensor) -> Tensor:  # [n_rows, C] fp32 -> [C] fp32, summed
     return rows.sum(dim=0)
 
 
+graph_attention_backward = torch.library.custom_op("gtnorm::graph_attention_backward", mutates_args=())(
+    attention_backward
+)
+
+
 @graph_attention_backward.register_fake
 def _(grad_out, query, key, value, edge_attr, *norm_params_lse_layout_and_flags):
     def grad_or_empty(t):
@@ -264,10 +275,10 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(output[1])
 
 
-def _backward(ctx, grad_out, _grad_lse):
+def _backward(ctx, grad_out, _grad_lse, backward=torch.ops.gtnorm.graph_attention_backward):
     query, key, value, edge_attr, *rest = ctx.saved_tensors
     norm_params, lse, layout = rest[:_NORM_PARAMS], rest[_NORM_PARAMS], rest[_NORM_PARAMS + 1 :]
-    grads = torch.ops.gtnorm.graph_attention_backward(
+    grads = backward(
         grad_out, query, key, value, edge_attr, *norm_params, lse, *layout, ctx.qk_norm, ctx.eps_q, ctx.eps_k
     )
     inputs = (query, key, value, edge_attr, *norm_params)
@@ -281,3 +292,25 @@ def _backward(ctx, grad_out, _grad_lse):
 
 
 graph_attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerGraphAttention(torch.autograd.Function):
+    """The custom op's forward, backward and autograd formula, without its dispatch (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = attention_forward(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        return _backward(ctx, grad_out, grad_lse, backward=attention_backward)
+
+
+def graph_attention(*inputs) -> tuple[Tensor, Tensor]:
+    """(out, lse) of the attention; inputs as :func:`attention_forward` takes them. The custom op where
+    torch.compile traces, the same functions directly elsewhere."""
+    if torch.compiler.is_compiling():
+        return graph_attention_forward(*inputs)
+    return _EagerGraphAttention.apply(*inputs)
