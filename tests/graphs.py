@@ -73,10 +73,13 @@ def make_graph(name: str, seed: int | None = None, scale: int = GRAPH_SCALE) -> 
     return GRAPH_BUILDERS[name](scale, generator)
 
 
-def random_inputs(graph: SmallGraph, heads: int, channels: int, *, edge_attr=True, norm_weights=False) -> dict:
+def random_inputs(
+    graph: SmallGraph, heads: int, channels: int, *, edge_attr=True, norm_weights=False, norm_biases=False
+) -> dict:
     """Fresh float64 CPU tensors: query [N_dst, H, C], key and value [N_src, H, C], edge_attr [M, H, C] (None
-    without), and with ``norm_weights`` the RMSNorm weights q_norm_weight / k_norm_weight [C], far from 1 on
-    purpose (a kernel that ignored them would pass with ones)."""
+    without), with ``norm_weights`` the norm weights q_norm_weight / k_norm_weight [C], far from 1 on purpose (a
+    kernel that ignored them would pass with ones), and with ``norm_biases`` the LayerNorm biases q_norm_bias /
+    k_norm_bias [C], far from 0."""
     n_edges = graph.edge_index.shape[1]
     inputs = {
         "query": torch.randn(graph.num_dst, heads, channels, dtype=torch.float64),
@@ -87,6 +90,9 @@ def random_inputs(graph: SmallGraph, heads: int, channels: int, *, edge_attr=Tru
     if norm_weights:
         inputs["q_norm_weight"] = 1.0 + 0.5 * torch.randn(channels, dtype=torch.float64)
         inputs["k_norm_weight"] = 1.0 + 0.5 * torch.randn(channels, dtype=torch.float64)
+    if norm_biases:
+        inputs["q_norm_bias"] = 0.5 * torch.randn(channels, dtype=torch.float64)
+        inputs["k_norm_bias"] = 0.5 * torch.randn(channels, dtype=torch.float64)
     return inputs
 
 
