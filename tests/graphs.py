@@ -101,3 +101,13 @@ def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
     assert torch.isfinite(actual).all(), "non-finite values (unwritten output?)"
     return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+
+
+def key_bias_error(actual: torch.Tensor, expected: torch.Tensor, key_grad: torch.Tensor) -> float:
+    """The error of a key norm's bias gradient. Adding one vector to every key shifts each destination's scores
+    by one constant, which the softmax ignores, so that gradient is 0 in exact arithmetic and what is left is
+    rounding (a relative error would divide by ~0). It is measured against the key gradient [N_src, H, C]
+    instead, times sqrt(N_src): the bias gradient sums N_src rows of the same size."""
+    error = (actual.detach().double().cpu() - expected.detach().double().cpu()).norm().item()
+    assert torch.isfinite(actual).all(), "non-finite values (unwritten output?)"
+    return error / (key_grad.detach().double().cpu().norm().item() * max(1, key_grad.shape[0]) ** 0.5)
