@@ -73,10 +73,13 @@ def make_graph(name: str, seed: int | None = None, scale: int = GRAPH_SCALE) -> 
     return GRAPH_BUILDERS[name](scale, generator)
 
 
-def random_inputs(graph: SmallGraph, heads: int, channels: int, *, edge_attr=True, norm_weights=False) -> dict:
+def random_inputs(
+    graph: SmallGraph, heads: int, channels: int, *, edge_attr=True, norm_weights=False, norm_biases=False
+) -> dict:
     """Fresh float64 CPU tensors: query [N_dst, H, C], key and value [N_src, H, C], edge_attr [M, H, C] (None
-    without), and with ``norm_weights`` the RMSNorm weights q_norm_weight / k_norm_weight [C], far from 1 on
-    purpose (a kernel that ignored them would pass with ones)."""
+    without), with ``norm_weights`` the norm weights q_norm_weight / k_norm_weight [C], far from 1 on purpose (a
+    kernel that ignored them would pass with ones), and with ``norm_biases`` the LayerNorm biases q_norm_bias /
+    k_norm_bias [C], far from 0."""
     n_edges = graph.edge_index.shape[1]
     inputs = {
         "query": torch.randn(graph.num_dst, heads, channels, dtype=torch.float64),
@@ -87,6 +90,9 @@ def random_inputs(graph: SmallGraph, heads: int, channels: int, *, edge_attr=Tru
     if norm_weights:
         inputs["q_norm_weight"] = 1.0 + 0.5 * torch.randn(channels, dtype=torch.float64)
         inputs["k_norm_weight"] = 1.0 + 0.5 * torch.randn(channels, dtype=torch.float64)
+    if norm_biases:
+        inputs["q_norm_bias"] = 0.5 * torch.randn(channels, dtype=torch.float64)
+        inputs["k_norm_bias"] = 0.5 * torch.randn(channels, dtype=torch.float64)
     return inputs
 
 
@@ -95,3 +101,13 @@ def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
     assert torch.isfinite(actual).all(), "non-finite values (unwritten output?)"
     return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+
+
+def key_bias_error(actual: torch.Tensor, expected: torch.Tensor, key_grad: torch.Tensor) -> float:
+    """The error of a key norm's bias gradient. Adding one vector to every key shifts each destination's scores
+    by one constant, which the softmax ignores, so that gradient is 0 in exact arithmetic and what is left is
+    rounding (a relative error would divide by ~0). It is measured against the key gradient [N_src, H, C]
+    instead, times sqrt(N_src): the bias gradient sums N_src rows of the same size."""
+    error = (actual.detach().double().cpu() - expected.detach().double().cpu()).norm().item()
+    assert torch.isfinite(actual).all(), "non-finite values (unwritten output?)"
+    return error / (key_grad.detach().double().cpu().norm().item() * max(1, key_grad.shape[0]) ** 0.5)

@@ -8,9 +8,11 @@ runs through the interpreter (tests/conftest.py sets TRITON_INTERPRET=1), so gra
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -20,7 +22,7 @@ import gtnorm.nn.conv as conv_module
 from gtnorm.nn.conv import GraphTransformerConv
 from gtnorm.triton.layout_cache import clear_layout_cache
 from tests.conftest import DEVICE, HAS_CUDA
-from tests.graphs import GRAPH_BUILDERS, SmallGraph, make_graph, random_inputs, rel_error
+from tests.graphs import GRAPH_BUILDERS, SmallGraph, key_bias_error, make_graph, random_inputs, rel_error
 
 EPS = 1e-6
 TOLERANCE = 1e-5
@@ -34,15 +36,23 @@ def empty_layout_cache():
     clear_layout_cache()
 
 
-def make_conv(channels, qk_norm=True, backend="auto", eps=EPS, dtype=torch.float32, device=DEVICE, seed=0):
-    """A conv whose norm weights are far from their all-ones initialisation, so that they matter."""
-    conv = GraphTransformerConv(channels, qk_norm=qk_norm, eps=eps, backend=backend)
-    if qk_norm:
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for norm in (conv.q_norm, conv.k_norm):
-                norm.weight.copy_(1.0 + 0.5 * torch.randn(channels, generator=generator, dtype=torch.float64))
+def make_conv(channels, qk_norm=True, backend="auto", eps=EPS, dtype=torch.float32, device=DEVICE, seed=0, **norms):
+    """A conv whose norm parameters are far from their initialisation (weights 1, biases 0), so that they matter.
+    ``norms``: the caller's q_norm / k_norm modules instead of qk_norm."""
+    if norms:
+        conv = GraphTransformerConv(channels, backend=backend, **norms)
+    else:
+        conv = GraphTransformerConv(channels, qk_norm=qk_norm, eps=eps, backend=backend)
+    randomize_norm_parameters(conv, seed)
     return conv.to(device=device, dtype=dtype)
+
+
+def randomize_norm_parameters(conv, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in conv.named_parameters():
+            offset = 1.0 if name.endswith("weight") else 0.0
+            param.copy_(offset + 0.5 * torch.randn(param.shape, generator=generator, dtype=torch.float64))
 
 
 def make_inputs(graph: SmallGraph, heads, channels, edge_attr=True, dtype=torch.float64, device="cpu"):
@@ -66,6 +76,27 @@ def run_conv(conv, inputs, graph, grad_out=None, size=True):
 
 
 
+def grad_error(name, grads, ref_grads) -> float:
+    """rel_error, except for k_norm.bias, whose exact gradient is 0 (tests/graphs.py: key_bias_error)."""
+    if name == "k_norm.bias":
+        return key_bias_error(grads[name], ref_grads[name], ref_grads["key"])
+    return rel_error(grads[name], ref_grads[name])
+
+
+def assert_same_function(conv, reference, graph, inputs, dtype=torch.float32, tolerance=TOLERANCE):
+    """conv on inputs cast to dtype against reference (a float64 CPU conv) on the float64 inputs: output and
+    every gradient (inputs and parameters, by name)."""
+    grad_out = torch.randn(graph.num_dst, *inputs["query"].shape[1:], dtype=torch.float64)
+    ref_out, ref_grads = run_conv(reference, inputs, graph, grad_out)
+    cast = {k: v.to(DEVICE, dtype) if v is not None else None for k, v in inputs.items()}
+    out, grads = run_conv(conv, cast, graph, grad_out)
+    assert out.dtype == dtype
+    assert rel_error(out, ref_out) < tolerance
+    assert grads.keys() == ref_grads.keys()
+    for name in grads:
+        assert grad_error(name, grads, ref_grads) < tolerance, name
+
+
 # --- the two backends compute the same function --------------------------------------------------------------
 
 
@@ -74,22 +105,22 @@ def _backend_cases():
     every graph, both shapes, with and without norm and edge features; graph-by-graph breadth of the kernels
     themselves is tests/triton's job. On a GPU the full product."""
     if HAS_CUDA:
-        return list(itertools.product(GRAPH_BUILDERS, HEADS_CHANNELS, [True, False], [True, False]))
+        return list(itertools.product(GRAPH_BUILDERS, HEADS_CHANNELS, [True, "layer", False], [True, False]))
     return [
         ("random_bipartite", (2, 8), True, True),
         ("random_bipartite", (3, 5), False, False),
-        ("encoder_like", (3, 5), True, True),
+        ("encoder_like", (3, 5), "layer", True),
         ("encoder_like", (2, 8), True, False),
         ("decoder_like", (2, 8), False, True),
-        ("decoder_like", (3, 5), True, True),
+        ("decoder_like", (3, 5), "layer", True),
         ("processor_like", (3, 5), True, False),
-        ("processor_like", (2, 8), True, True),
+        ("processor_like", (2, 8), "layer", True),
     ]
 
 
 def _case_id(case):
     graph_name, (heads, channels), qk_norm, edge_attr = case
-    norm = "qk_norm" if qk_norm else "no_norm"
+    norm = {True: "rms", "layer": "layer", False: "no_norm"}[qk_norm]
     edges = "edge_attr" if edge_attr else "no_edge_attr"
     return f"{graph_name}-H{heads}C{channels}-{norm}-{edges}"
 
@@ -112,7 +143,7 @@ def test_triton_backend_matches_pyg_backend(case):
         assert grads.keys() == ref_grads.keys()
         for name, grad in grads.items():
             assert grad.shape == ref_grads[name].shape, name
-            assert rel_error(grad, ref_grads[name]) < TOLERANCE, (backend, name)
+            assert grad_error(name, grads, ref_grads) < TOLERANCE, (backend, name)
 
 
 def test_default_eps_agrees_between_backends():
@@ -146,7 +177,7 @@ def test_bfloat16_inputs_with_float32_weights(backend):
     assert out.dtype == torch.bfloat16
     assert rel_error(out, ref_out) < 1.5e-2
     for name, grad in grads.items():
-        assert grad.dtype == (torch.float32 if name.endswith("weight") else torch.bfloat16), name
+        assert grad.dtype == (torch.float32 if "norm" in name else torch.bfloat16), name
         assert rel_error(grad, ref_grads[name]) < 3e-2, name
 
 
@@ -386,3 +417,194 @@ def test_norm_weights_on_another_device_raise():
     conv.k_norm.to("meta")
     with pytest.raises(ValueError, match="k_norm.weight is on meta"):
         _call(conv, graph)
+
+
+# --- norms: the caller's modules, LayerNorm, eps ---------------------------------------------------------------
+
+
+def _norm_modules():
+    """(id, factory of one norm module for C channels): every kind the layer fuses, and one it does not."""
+    from anemoi.models.layers.normalization import AutocastLayerNorm
+
+    return [
+        ("torch_rms", lambda c: torch.nn.RMSNorm(c, eps=1e-5)),
+        ("torch_rms_no_weight", lambda c: torch.nn.RMSNorm(c, elementwise_affine=False)),
+        ("gtnorm_rms", lambda c: gtnorm.RMSNorm(c, eps=2e-6)),
+        ("layer", lambda c: torch.nn.LayerNorm(c)),
+        ("layer_no_bias", lambda c: torch.nn.LayerNorm(c, bias=False, eps=1e-4)),
+        ("layer_no_affine", lambda c: torch.nn.LayerNorm(c, elementwise_affine=False)),
+        ("anemoi_autocast_layer_norm", lambda c: AutocastLayerNorm(c, bias=False)),
+    ]
+
+
+@pytest.mark.parametrize("case", _norm_modules(), ids=lambda c: c[0])
+def test_caller_modules_are_fused_and_match_pyg(case, monkeypatch):
+    """The caller's modules stay its submodules (same state_dict keys), run inside the kernels (no unfused
+    call of the module), and give what the PyG backend gives with the same modules."""
+    _, factory = case
+    graph = make_graph("encoder_like", seed=20)
+    inputs = make_inputs(graph, 2, 8)
+    conv = make_conv(8, backend="triton", q_norm=factory(8), k_norm=factory(8), seed=3)
+    reference = make_conv(8, backend="pyg", q_norm=factory(8), k_norm=factory(8), dtype=torch.float64, device="cpu")
+    reference.load_state_dict(conv.state_dict())
+    parameters = [name for name, _ in factory(8).named_parameters()]
+    assert set(conv.state_dict()) == {f"{norm}.{p}" for norm in ("q_norm", "k_norm") for p in parameters}
+    for norm in (conv.q_norm, conv.k_norm):
+        monkeypatch.setattr(norm, "forward", lambda x: pytest.fail("the norm module was applied unfused"))
+    with warnings_as_errors():
+        assert_same_function(conv, reference, graph, inputs)
+
+
+@contextlib.contextmanager
+def warnings_as_errors():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+
+
+class ScaledTanhNorm(torch.nn.Module):
+    """A norm the kernels do not know: applied unfused."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(channels))
+
+    def forward(self, x):
+        return torch.tanh(x) * self.scale
+
+
+@pytest.mark.parametrize(
+    "norms",
+    [
+        ("unknown", lambda c: (ScaledTanhNorm(c), ScaledTanhNorm(c))),
+        ("mixed_kinds", lambda c: (torch.nn.LayerNorm(c), torch.nn.RMSNorm(c))),
+        ("other_shape", lambda c: (torch.nn.LayerNorm((2, c)), torch.nn.LayerNorm((2, c)))),
+        ("query_only", lambda c: (torch.nn.LayerNorm(c), None)),
+    ],
+    ids=lambda n: n[0],
+)
+@pytest.mark.parametrize("backend", ["triton", "pyg"])
+def test_other_modules_are_applied_unfused_with_one_warning(norms, backend):
+    _, factory = norms
+    graph = make_graph("decoder_like", seed=21)
+    inputs = make_inputs(graph, 2, 8)
+    q_norm, k_norm = factory(8)
+    conv = make_conv(8, backend=backend, q_norm=q_norm, k_norm=k_norm, seed=4)
+    reference = copy.deepcopy(conv).to(device="cpu", dtype=torch.float64)
+    reference.backend = "pyg"
+    if backend == "triton":
+        with pytest.warns(UserWarning, match="applied before the Triton kernels"):
+            assert_same_function(conv, reference, graph, inputs)
+        with warnings_as_errors():  # once per module
+            run_conv(conv, {k: v.to(DEVICE, torch.float32) for k, v in inputs.items()}, graph)
+    else:
+        with warnings_as_errors():  # the PyG backend fuses nothing: nothing to say
+            assert_same_function(conv, reference, graph, inputs)
+
+
+@pytest.mark.parametrize("backend", ["triton", "pyg"])
+def test_layer_norm_option(backend):
+    conv = GraphTransformerConv(8, qk_norm="layer", backend=backend)
+    assert type(conv.q_norm) is torch.nn.LayerNorm and conv.q_norm.eps == 1e-5
+    assert set(conv.state_dict()) == {"q_norm.weight", "q_norm.bias", "k_norm.weight", "k_norm.bias"}
+    assert GraphTransformerConv(8, qk_norm="layer", eps=1e-3).k_norm.eps == 1e-3
+    graph = make_graph("processor_like", seed=22)
+    conv = make_conv(8, qk_norm="layer", backend=backend, eps=None, seed=5)
+    reference = make_conv(8, qk_norm="layer", backend="pyg", eps=None, dtype=torch.float64, device="cpu", seed=5)
+    assert_same_function(conv, reference, graph, make_inputs(graph, 2, 8))
+
+
+def test_separate_eps_of_caller_modules():
+    graph = make_graph("encoder_like", seed=23)
+    inputs = make_inputs(graph, 2, 8)
+    inputs["query"], inputs["key"] = 0.2 * inputs["query"], 0.5 * inputs["key"]
+    norms = dict(q_norm=torch.nn.LayerNorm(8, eps=0.05), k_norm=torch.nn.LayerNorm(8, eps=0.4))
+    conv = make_conv(8, backend="triton", **copy.deepcopy(norms))
+    reference = make_conv(8, backend="pyg", dtype=torch.float64, device="cpu", **norms)
+    assert_same_function(conv, reference, graph, inputs)
+
+
+@pytest.mark.parametrize("backend", ["triton", "pyg"])
+@pytest.mark.parametrize("qk_norm", [True, "layer"])
+def test_mixed_operand_dtypes(backend, qk_norm):
+    """As autocast leaves them: fp16 q, k, v, fp32 edge features and parameters. Output in the query's dtype,
+    gradients in each input's dtype, values within fp16 rounding of the float64 result on the same values."""
+    graph = make_graph("encoder_like", seed=24)
+    inputs = make_inputs(graph, 2, 16)
+    dtypes = {"query": torch.float16, "key": torch.float16, "value": torch.bfloat16, "edge_attr": torch.float32}
+    rounded = {k: v.to(dtypes[k]).double() for k, v in inputs.items()}
+    grad_out = torch.randn(graph.num_dst, 2, 16, dtype=torch.float64).half().double()
+    reference = make_conv(16, qk_norm=qk_norm, backend="pyg", dtype=torch.float64, device="cpu")
+    ref_out, ref_grads = run_conv(reference, rounded, graph, grad_out)
+    conv = make_conv(16, qk_norm=qk_norm, backend=backend)
+    out, grads = run_conv(conv, {k: v.to(DEVICE, dtypes[k]) for k, v in rounded.items()}, graph, grad_out)
+    assert out.dtype == torch.float16
+    assert rel_error(out, ref_out) < 1e-2
+    for name, grad in grads.items():
+        assert grad.dtype == dtypes.get(name, torch.float32), name
+        assert grad_error(name, grads, ref_grads) < 3e-2, name
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="CPU autocast of the PyG path")
+def test_cpu_autocast_with_anemoi_norms():
+    """Under CPU autocast (bf16 linear layers) an Anemoi-style block hands the layer bf16 q, k, v and fp32 edge
+    features: accepted, result in bf16, close to the fp32 result."""
+    from anemoi.models.layers.normalization import AutocastLayerNorm
+
+    graph = make_graph("decoder_like", seed=25)
+    inputs = make_inputs(graph, 2, 16, dtype=torch.float32)
+    projection = torch.nn.Linear(16, 16)
+    norms = {name: AutocastLayerNorm(16, bias=False) for name in ("q_norm", "k_norm")}
+    conv = make_conv(16, backend="auto", **norms)
+    size = (graph.num_src, graph.num_dst)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q, k, v = (projection(inputs[n]) for n in ("query", "key", "value"))
+        assert q.dtype == torch.bfloat16
+        out = conv(q, k, v, inputs["edge_attr"], graph.edge_index, size=size)
+    expected = conv(*(projection(inputs[n]) for n in ("query", "key", "value")), inputs["edge_attr"],
+                    graph.edge_index, size=size)  # fmt: skip
+    assert out.dtype == torch.bfloat16
+    assert rel_error(out, expected) < 3e-2
+
+
+def test_positional_options_are_refused_with_a_hint():
+    with pytest.raises(TypeError, match="only out_channels .* is positional.*not PyG's"):
+        GraphTransformerConv(16, 64)
+    with pytest.raises(TypeError, match="positional"):
+        GraphTransformerConv(16, True)
+
+
+def test_norm_options_are_checked():
+    with pytest.raises(ValueError, match="qk_norm must be False, True, 'rms' or 'layer'"):
+        GraphTransformerConv(8, qk_norm="batch")
+    with pytest.raises(ValueError, match="not both"):
+        GraphTransformerConv(8, qk_norm=True, q_norm=torch.nn.RMSNorm(8), k_norm=torch.nn.RMSNorm(8))
+    with pytest.raises(ValueError, match="not both"):
+        GraphTransformerConv(8, eps=1e-3, q_norm=torch.nn.RMSNorm(8), k_norm=torch.nn.RMSNorm(8))
+    with pytest.raises(TypeError, match="q_norm must be a torch.nn.Module"):
+        GraphTransformerConv(8, q_norm=torch.ones(8))
+    for qk_norm in (True, "layer"):
+        with pytest.raises(ValueError, match="eps must be non-negative"):
+            GraphTransformerConv(8, qk_norm=qk_norm, eps=-1e-6)
+
+
+@pytest.mark.parametrize("backend", ["triton", "pyg"])
+@pytest.mark.parametrize("module", ["torch_rms", "layer", "gtnorm_rms"])
+def test_negative_eps_is_refused_on_every_path(backend, module):
+    """eps set after construction (torch's modules take any eps): refused before any work on both backends."""
+    factory = dict(_norm_modules())[module]
+    conv = make_conv(8, backend=backend, q_norm=factory(8), k_norm=factory(8))
+    conv.k_norm.eps = -1e-3
+    with pytest.raises(ValueError, match="eps must be non-negative"):
+        _call(conv, make_graph("decoder_like", seed=26))
+
+
+def test_reset_parameters():
+    conv = make_conv(8, qk_norm="layer", backend="pyg", seed=6)
+    assert not torch.equal(conv.q_norm.weight, torch.ones(8, device=DEVICE))
+    conv.reset_parameters()
+    for norm in (conv.q_norm, conv.k_norm):
+        assert torch.equal(norm.weight, torch.ones(8, device=DEVICE))
+        assert torch.equal(norm.bias, torch.zeros(8, device=DEVICE))
+    GraphTransformerConv(8).reset_parameters()  # no norms: nothing to do
+

@@ -19,10 +19,13 @@ from gtnorm import _runtime
 from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.triton import ops
 from tests.conftest import DEVICE, HAS_CUDA
-from tests.graphs import GRAPH_BUILDERS, SmallGraph, make_graph, random_inputs, rel_error
+from tests.graphs import GRAPH_BUILDERS, SmallGraph, key_bias_error, make_graph, random_inputs, rel_error
 
 HEADS_CHANNELS = [(1, 4), (2, 8), (3, 5)] + ([(16, 64), (8, 32), (5, 24)] if HAS_CUDA else [])
-INPUT_NAMES = ("query", "key", "value", "edge_attr", "q_norm_weight", "k_norm_weight")
+PARAM_NAMES = ("q_norm_weight", "q_norm_bias", "k_norm_weight", "k_norm_bias")
+INPUT_NAMES = ("query", "key", "value", "edge_attr", *PARAM_NAMES)
+NORM_KINDS = [True, "layer", False]
+NORM_IDS = ["rms", "layer", "no_norm"]
 EPS = 1e-6
 
 
@@ -31,10 +34,16 @@ def poison_outputs(monkeypatch):
     monkeypatch.setattr(_runtime, "POISON_OUTPUTS", True)
 
 
-def make_inputs(graph: SmallGraph, heads, channels, dtype, *, edge_attr=True, qk_norm=True, weights=True):
-    """Fresh random inputs (float64 on the CPU; cast per use). Norm weights are far from 1 on purpose."""
+def make_inputs(graph: SmallGraph, heads, channels, dtype, *, edge_attr=True, qk_norm=True, weights=True, biases=True):
+    """Fresh random inputs (float64 on the CPU; cast per use). Norm weights are far from 1 and biases far from 0 on
+    purpose; biases only with LayerNorm."""
     inputs = dict.fromkeys(INPUT_NAMES)
-    inputs.update(random_inputs(graph, heads, channels, edge_attr=edge_attr, norm_weights=qk_norm and weights))
+    inputs.update(
+        random_inputs(
+            graph, heads, channels, edge_attr=edge_attr, norm_weights=bool(qk_norm) and weights,
+            norm_biases=qk_norm == "layer" and biases,
+        )
+    )  # fmt: skip
     return {k: v.to(dtype) if v is not None else None for k, v in inputs.items()}
 
 
@@ -44,33 +53,40 @@ def leaf_copies(inputs, dtype, device):
     }
 
 
-def run_gtnorm(inputs, layout, grad_out, qk_norm):
+def run_gtnorm(inputs, layout, grad_out, qk_norm, eps=EPS):
     out = gtnorm.graph_transformer_attention(
-        inputs["query"], inputs["key"], inputs["value"], inputs["edge_attr"], layout,
-        qk_norm=qk_norm, q_norm_weight=inputs["q_norm_weight"], k_norm_weight=inputs["k_norm_weight"], eps=EPS,
+        inputs["query"], inputs["key"], inputs["value"], inputs["edge_attr"], layout, qk_norm=qk_norm,
+        **{name: inputs[name] for name in PARAM_NAMES}, eps=eps,
     )  # fmt: skip
     return out, _grads(out, inputs, grad_out)
 
 
-def run_reference(inputs, graph, grad_out, qk_norm):
-    """The PyG path: torch.nn.RMSNorm modules on q and k, then the MessagePassing reference."""
+def torch_norm(qk_norm, channels, weight, bias, eps) -> torch.nn.Module | None:
+    """torch's own norm module of the kind, its parameters swapped for the given leaves (or none)."""
+    if not qk_norm:
+        return None
+    if qk_norm == "layer":
+        norm = torch.nn.LayerNorm(channels, eps=eps, elementwise_affine=weight is not None, bias=bias is not None)
+    else:
+        norm = torch.nn.RMSNorm(channels, eps=eps, elementwise_affine=weight is not None)
+    # The module's forward reads self.weight / self.bias: swap the parameters for the leaves we differentiate.
+    for name, leaf in (("weight", weight), ("bias", bias)):
+        if leaf is not None:
+            delattr(norm, name)
+            setattr(norm, name, leaf)
+    return norm
+
+
+def run_reference(inputs, graph, grad_out, qk_norm, eps=EPS):
+    """The PyG path: torch.nn.RMSNorm / LayerNorm modules on q and k, then the MessagePassing reference."""
     channels = inputs["query"].shape[-1]
-    norms = {}
-    for name in ("q", "k"):
-        weight = inputs[f"{name}_norm_weight"]
-        if not qk_norm:
-            norms[name] = None
-            continue
-        norm = torch.nn.RMSNorm(channels, eps=EPS, elementwise_affine=weight is not None)
-        if weight is not None:
-            # The module's forward reads self.weight: swap the parameter for the leaf tensor we differentiate.
-            del norm.weight
-            norm.weight = weight
-        norms[name] = norm
+    eps_q, eps_k = eps if isinstance(eps, tuple) else (eps, eps)
+    q_norm = torch_norm(qk_norm, channels, inputs["q_norm_weight"], inputs["q_norm_bias"], eps_q)
+    k_norm = torch_norm(qk_norm, channels, inputs["k_norm_weight"], inputs["k_norm_bias"], eps_k)
     out = reference_graph_transformer_attention(
         inputs["query"], inputs["key"], inputs["value"], inputs["edge_attr"],
         graph.edge_index.to(inputs["query"].device), size=(graph.num_src, graph.num_dst),
-        q_norm=norms["q"], k_norm=norms["k"],
+        q_norm=q_norm, k_norm=k_norm,
     )  # fmt: skip
     return out, _grads(out, inputs, grad_out)
 
@@ -81,6 +97,21 @@ def _grads(out, inputs, grad_out):
     return dict(zip(names, grads, strict=True))
 
 
+def grad_error(name, grads, ref_grads) -> float:
+    """rel_error, except for k_norm_bias, whose exact gradient is 0 (tests/graphs.py: key_bias_error)."""
+    if name == "k_norm_bias":
+        return key_bias_error(grads[name], ref_grads[name], ref_grads["key"])
+    return rel_error(grads[name], ref_grads[name])
+
+
+def assert_matches(out, grads, ref_out, ref_grads, tolerance):
+    assert out.shape == ref_out.shape
+    assert rel_error(out, ref_out) < tolerance
+    assert grads.keys() == ref_grads.keys()
+    for name, grad in grads.items():
+        assert grad.shape == ref_grads[name].shape, name
+        assert grad_error(name, grads, ref_grads) < tolerance, name
+
 
 def layout_of(graph: SmallGraph, device=DEVICE):
     return gtnorm.GraphLayout.from_edge_index(graph.edge_index.to(device), (graph.num_src, graph.num_dst))
@@ -88,59 +119,129 @@ def layout_of(graph: SmallGraph, device=DEVICE):
 
 @pytest.mark.parametrize("graph_name", list(GRAPH_BUILDERS))
 @pytest.mark.parametrize("heads_channels", HEADS_CHANNELS, ids=lambda hc: f"H{hc[0]}C{hc[1]}")
-@pytest.mark.parametrize("qk_norm", [True, False], ids=["qk_norm", "no_norm"])
+@pytest.mark.parametrize("qk_norm", NORM_KINDS, ids=NORM_IDS)
 @pytest.mark.parametrize("edge_attr", [True, False], ids=["edge_attr", "no_edge_attr"])
 def test_matches_reference_float32(graph_name, heads_channels, qk_norm, edge_attr):
     graph = make_graph(graph_name)
     inputs = make_inputs(graph, *heads_channels, torch.float64, edge_attr=edge_attr, qk_norm=qk_norm)
     grad_out = torch.randn(graph.num_dst, *heads_channels, dtype=torch.float64)
     ref_out, ref_grads = run_reference(leaf_copies(inputs, torch.float64, "cpu"), graph, grad_out, qk_norm)
-    out, grads = run_gtnorm(leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out.to(DEVICE),
-                            qk_norm)
-    assert out.dtype == torch.float32 and out.shape == ref_out.shape
-    assert rel_error(out, ref_out) < 1e-5
-    assert grads.keys() == ref_grads.keys()
-    for name, grad in grads.items():
-        assert grad.shape == ref_grads[name].shape, name
-        assert rel_error(grad, ref_grads[name]) < 1e-5, name
+    out, grads = run_gtnorm(
+        leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out.to(DEVICE), qk_norm
+    )
+    assert out.dtype == torch.float32
+    assert_matches(out, grads, ref_out, ref_grads, 1e-5)
+
+
+def _affine_cases():
+    cases = [("rms", False, False)]
+    cases += [("layer", weights, biases) for weights in (True, False) for biases in (True, False)]
+    return cases
 
 
 @pytest.mark.parametrize("heads_channels", [(2, 8), (3, 100)], ids=lambda hc: f"H{hc[0]}C{hc[1]}")
-def test_qk_norm_without_affine_weights(heads_channels):
-    """Also the case of several head groups per row (C = 100 pads to 128: fewer heads fit one program)."""
+@pytest.mark.parametrize("case", _affine_cases(), ids=lambda c: f"{c[0]}-weight{int(c[1])}-bias{int(c[2])}")
+def test_norm_with_and_without_affine_parameters(heads_channels, case):
+    """Every combination of weight and bias; also several head groups per row (C = 100 pads to 128: fewer heads
+    fit one program, and 28 padding lanes per head must stay out of LayerNorm's mean and variance)."""
+    qk_norm, weights, biases = case
     graph = make_graph("processor_like")
-    inputs = make_inputs(graph, *heads_channels, torch.float64, weights=False)
+    inputs = make_inputs(graph, *heads_channels, torch.float64, qk_norm=qk_norm, weights=weights, biases=biases)
+    assert (inputs["q_norm_weight"] is not None, inputs["q_norm_bias"] is not None) == (weights, biases)
     grad_out = torch.randn(graph.num_dst, *heads_channels, dtype=torch.float64)
-    ref_out, ref_grads = run_reference(leaf_copies(inputs, torch.float64, "cpu"), graph, grad_out, True)
-    out, grads = run_gtnorm(leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out.to(DEVICE), True)
+    ref_out, ref_grads = run_reference(leaf_copies(inputs, torch.float64, "cpu"), graph, grad_out, qk_norm)
+    out, grads = run_gtnorm(
+        leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out.to(DEVICE), qk_norm
+    )
+    assert_matches(out, grads, ref_out, ref_grads, 1e-5)
+
+
+@pytest.mark.parametrize("qk_norm", ["rms", "layer"])
+def test_separate_eps_for_query_and_key(qk_norm):
+    """Large, different eps (a visible part of the variance) on inputs scaled so that each one matters: a kernel
+    that swapped them, or used one for both, fails."""
+    graph = make_graph("encoder_like")
+    inputs = make_inputs(graph, 2, 8, torch.float64, qk_norm=qk_norm)
+    inputs["query"] = 0.3 * inputs["query"]
+    eps = (0.05, 0.7)
+    grad_out = torch.randn(graph.num_dst, 2, 8, dtype=torch.float64)
+    ref_out, ref_grads = run_reference(leaf_copies(inputs, torch.float64, "cpu"), graph, grad_out, qk_norm, eps)
+    out, grads = run_gtnorm(
+        leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out.to(DEVICE), qk_norm, eps
+    )
+    assert_matches(out, grads, ref_out, ref_grads, 1e-5)
+    swapped, _ = run_reference(leaf_copies(inputs, torch.float64, "cpu"), graph, grad_out, qk_norm, eps[::-1])
+    assert rel_error(swapped, ref_out) > 1e-3  # the test can tell the two apart
+
+
+@pytest.mark.parametrize("qk_norm", ["rms", "layer"])
+def test_default_eps_is_torchs(qk_norm):
+    """eps=None: float32's epsilon for RMSNorm, 1e-5 for LayerNorm (torch.nn.LayerNorm's default)."""
+    graph = make_graph("decoder_like")
+    inputs = make_inputs(graph, 2, 8, torch.float64, qk_norm=qk_norm)
+    # Rows of tiny spread make eps a visible part of the variance.
+    inputs["query"], inputs["key"] = 3e-3 * inputs["query"], 3e-3 * inputs["key"]
+    eps = 1e-5 if qk_norm == "layer" else torch.finfo(torch.float32).eps
+    grad_out = torch.randn(graph.num_dst, 2, 8, dtype=torch.float64)
+    ref_out, _ = run_reference(leaf_copies(inputs, torch.float64, "cpu"), graph, grad_out, qk_norm, eps)
+    leaves = leaf_copies(inputs, torch.float32, DEVICE)
+    out, _ = run_gtnorm(leaves, layout_of(graph), grad_out.to(DEVICE), qk_norm, eps=None)
     assert rel_error(out, ref_out) < 1e-5
-    for name, grad in grads.items():
-        assert rel_error(grad, ref_grads[name]) < 1e-5, name
 
 
 @pytest.mark.parametrize("graph_name", ["encoder_like", "processor_like", "decoder_like"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_low_precision_within_pyg_error(graph_name, dtype):
+@pytest.mark.parametrize("qk_norm", ["rms", "layer"])
+def test_low_precision_within_pyg_error(graph_name, dtype, qk_norm):
     heads, channels = (16, 64) if HAS_CUDA else (2, 16)
     graph = make_graph(graph_name)
-    inputs = make_inputs(graph, heads, channels, torch.float64)
+    inputs = make_inputs(graph, heads, channels, torch.float64, qk_norm=qk_norm)
     grad_out = torch.randn(graph.num_dst, heads, channels, dtype=torch.float64)
     # Both paths see the same low-precision inputs; the float64 reference runs on those rounded values.
     rounded = {k: v.to(dtype).double() if v is not None else None for k, v in inputs.items()}
     grad_out = grad_out.to(dtype).double()
-    ref_out, ref_grads = run_reference(leaf_copies(rounded, torch.float64, "cpu"), graph, grad_out, True)
-    pyg_out, pyg_grads = run_reference(leaf_copies(rounded, dtype, DEVICE), graph, grad_out.to(DEVICE), True)
-    out, grads = run_gtnorm(leaf_copies(rounded, dtype, DEVICE), layout_of(graph), grad_out.to(DEVICE), True)
+    ref_out, ref_grads = run_reference(leaf_copies(rounded, torch.float64, "cpu"), graph, grad_out, qk_norm)
+    pyg_out, pyg_grads = run_reference(leaf_copies(rounded, dtype, DEVICE), graph, grad_out.to(DEVICE), qk_norm)
+    out, grads = run_gtnorm(leaf_copies(rounded, dtype, DEVICE), layout_of(graph), grad_out.to(DEVICE), qk_norm)
     assert out.dtype == dtype
     assert rel_error(out, ref_out) <= 1.5 * rel_error(pyg_out, ref_out) + 1e-3
     for name, grad in grads.items():
         assert grad.dtype == dtype, name
-        assert rel_error(grad, ref_grads[name]) <= 1.5 * rel_error(pyg_grads[name], ref_grads[name]) + 1e-3, name
+        bound = 1.5 * grad_error(name, pyg_grads, ref_grads) + 1e-3
+        assert grad_error(name, grads, ref_grads) <= bound, name
+
+
+@pytest.mark.parametrize("operand_dtypes", [
+    (torch.float16, torch.float16, torch.float16, torch.float32),
+    (torch.bfloat16, torch.float32, torch.float16, torch.bfloat16),
+    (torch.float32, torch.bfloat16, torch.bfloat16, torch.float16),
+], ids=lambda d: "-".join(str(t).removeprefix("torch.") for t in d))
+@pytest.mark.parametrize("qk_norm", ["rms", "layer"])
+def test_mixed_operand_dtypes(operand_dtypes, qk_norm):
+    """q, k, v, e in different dtypes (as autocast leaves them: 16-bit projections, fp32 edge features), fp32
+    norm parameters: output in the query's dtype, each gradient in its input's dtype, values within the rounding
+    of the 16-bit operands (the float64 reference runs on the same rounded values)."""
+    graph = make_graph("encoder_like")
+    inputs = make_inputs(graph, 2, 16, torch.float64, qk_norm=qk_norm)
+    dtypes = dict(zip(("query", "key", "value", "edge_attr"), operand_dtypes, strict=True))
+    rounded = {k: v.to(dtypes.get(k, torch.float32)).double() if v is not None else None for k, v in inputs.items()}
+    grad_out = torch.randn(graph.num_dst, 2, 16, dtype=torch.float64).to(dtypes["query"]).double()
+    ref_out, ref_grads = run_reference(leaf_copies(rounded, torch.float64, "cpu"), graph, grad_out, qk_norm)
+    leaves = {
+        k: v.to(DEVICE, dtypes.get(k, torch.float32)).requires_grad_() if v is not None else None
+        for k, v in rounded.items()
+    }
+    out, grads = run_gtnorm(leaves, layout_of(graph), grad_out.to(DEVICE), qk_norm)
+    assert out.dtype == dtypes["query"]
+    assert rel_error(out, ref_out) < 2e-2
+    for name, grad in grads.items():
+        assert grad.dtype == leaves[name].dtype, name
+        assert grad_error(name, grads, ref_grads) < 4e-2, name
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("sharpness", [1e3, 1e4])
-@pytest.mark.parametrize("qk_norm", [True, False], ids=["qk_norm", "no_norm"])
+@pytest.mark.parametrize("qk_norm", NORM_KINDS, ids=NORM_IDS)
 def test_sharp_softmax_with_equal_messages_has_no_query_key_gradient(dtype, sharpness, qk_norm):
     """Star graph, 8 neighbours, identical messages v + e: out does not depend on q or k, so dq = dk = 0.
 
@@ -152,24 +253,31 @@ def test_sharp_softmax_with_equal_messages_has_no_query_key_gradient(dtype, shar
     key = torch.randn(fan_in, heads, channels)
     value = torch.randn(1, heads, channels).expand(fan_in, -1, -1).contiguous()
     edge_attr = torch.randn(1, heads, channels).expand(fan_in, -1, -1).contiguous()
-    q_weight = torch.full((channels,), sharpness) if qk_norm else None
-    if not qk_norm:
-        query = query * sharpness
-    inputs = dict(query=query, key=key, value=value, edge_attr=edge_attr, q_norm_weight=q_weight, k_norm_weight=None)
+    inputs = dict(query=query, key=key, value=value, edge_attr=edge_attr)
+    inputs.update(dict.fromkeys(PARAM_NAMES))
+    if qk_norm:
+        inputs["q_norm_weight"] = torch.full((channels,), sharpness)
+    else:
+        inputs["query"] = query * sharpness
+    if qk_norm == "layer":
+        inputs["q_norm_bias"] = torch.randn(channels)
+        inputs["k_norm_bias"] = torch.randn(channels)
     inputs = leaf_copies(inputs, dtype, DEVICE)
     grad_out = torch.randn(1, heads, channels, device=DEVICE)
     _, grads = run_gtnorm(inputs, layout_of(graph), grad_out, qk_norm)
     dv_norm = grads["value"].float().norm()
     assert grads["query"].float().norm() / dv_norm < 1e-3
     assert grads["key"].float().norm() / dv_norm < 1e-3
-    if qk_norm:
-        assert torch.isfinite(grads["q_norm_weight"]).all()
+    for name in PARAM_NAMES:
+        if inputs[name] is not None:
+            assert torch.isfinite(grads[name]).all(), name
 
 
-def test_zero_degree_nodes_get_zeros():
+@pytest.mark.parametrize("qk_norm", ["rms", "layer"])
+def test_zero_degree_nodes_get_zeros(qk_norm):
     graph = make_graph("random_bipartite")
-    inputs = leaf_copies(make_inputs(graph, 2, 8, torch.float32), torch.float32, DEVICE)
-    out, grads = run_gtnorm(inputs, layout_of(graph), torch.randn(graph.num_dst, 2, 8, device=DEVICE), True)
+    inputs = leaf_copies(make_inputs(graph, 2, 8, torch.float32, qk_norm=qk_norm), torch.float32, DEVICE)
+    out, grads = run_gtnorm(inputs, layout_of(graph), torch.randn(graph.num_dst, 2, 8, device=DEVICE), qk_norm)
     no_in = torch.bincount(graph.edge_index[1], minlength=graph.num_dst) == 0
     no_out = torch.bincount(graph.edge_index[0], minlength=graph.num_src) == 0
     assert no_in.any() and no_out.any()
@@ -179,25 +287,27 @@ def test_zero_degree_nodes_get_zeros():
     assert (grads["value"][no_out.to(DEVICE)] == 0).all()
 
 
-def test_graph_without_edges():
+@pytest.mark.parametrize("qk_norm", ["rms", "layer"])
+def test_graph_without_edges(qk_norm):
     graph = SmallGraph("empty", torch.zeros(2, 0, dtype=torch.long), 5, 4)
-    inputs = leaf_copies(make_inputs(graph, 2, 8, torch.float32), torch.float32, DEVICE)
-    out, grads = run_gtnorm(inputs, layout_of(graph), torch.randn(4, 2, 8, device=DEVICE), True)
+    inputs = leaf_copies(make_inputs(graph, 2, 8, torch.float32, qk_norm=qk_norm), torch.float32, DEVICE)
+    out, grads = run_gtnorm(inputs, layout_of(graph), torch.randn(4, 2, 8, device=DEVICE), qk_norm)
     assert torch.equal(out, torch.zeros_like(out))
     for name, grad in grads.items():
         assert torch.equal(grad, torch.zeros_like(grad)), name
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_backward_is_bitwise_deterministic(dtype):
+@pytest.mark.parametrize("qk_norm", ["rms", "layer"])
+def test_backward_is_bitwise_deterministic(dtype, qk_norm):
     heads, channels = (16, 64) if HAS_CUDA else (2, 8)
     graph = make_graph("encoder_like")
-    inputs = leaf_copies(make_inputs(graph, heads, channels, torch.float32), dtype, DEVICE)
+    inputs = leaf_copies(make_inputs(graph, heads, channels, torch.float32, qk_norm=qk_norm), dtype, DEVICE)
     layout = layout_of(graph)
     grad_out = torch.randn(graph.num_dst, heads, channels, device=DEVICE)
-    first_out, first = run_gtnorm(inputs, layout, grad_out, True)
+    first_out, first = run_gtnorm(inputs, layout, grad_out, qk_norm)
     for _ in range(2):
-        out, again = run_gtnorm(inputs, layout, grad_out, True)
+        out, again = run_gtnorm(inputs, layout, grad_out, qk_norm)
         assert torch.equal(out, first_out)
         for name in first:
             assert torch.equal(again[name], first[name]), name
@@ -227,7 +337,8 @@ _RANGE_OVER_LOADED_BOUNDS = not _runtime.interpreter_active() or tuple(
 
 
 @pytest.mark.parametrize("num_stages", [0, 1, 3], ids=["while_loop", "range_loop", "pipelined_range_loop"])
-def test_both_loop_forms_match_reference(num_stages, monkeypatch):
+@pytest.mark.parametrize("qk_norm", ["rms", "layer"])
+def test_both_loop_forms_match_reference(num_stages, qk_norm, monkeypatch):
     """The kernels' edge loops come in two forms (config.py): range() for the compiler, while for the
     interpreter. Whichever this platform runs by default, the other is checked here too."""
     if num_stages and not _RANGE_OVER_LOADED_BOUNDS:
@@ -242,31 +353,31 @@ def test_both_loop_forms_match_reference(num_stages, monkeypatch):
 
     monkeypatch.setattr(ops, "attention_launch_config", with_stages)
     graph = make_graph("encoder_like")
-    inputs = make_inputs(graph, 3, 5, torch.float64)
+    inputs = make_inputs(graph, 3, 5, torch.float64, qk_norm=qk_norm)
     grad_out = torch.randn(graph.num_dst, 3, 5, dtype=torch.float64)
-    ref_out, ref_grads = run_reference(leaf_copies(inputs, torch.float64, "cpu"), graph, grad_out, True)
-    out, grads = run_gtnorm(leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out.to(DEVICE), True)
-    assert rel_error(out, ref_out) < 1e-5
-    for name, grad in grads.items():
-        assert rel_error(grad, ref_grads[name]) < 1e-5, name
+    ref_out, ref_grads = run_reference(leaf_copies(inputs, torch.float64, "cpu"), graph, grad_out, qk_norm)
+    out, grads = run_gtnorm(
+        leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out.to(DEVICE), qk_norm
+    )
+    assert_matches(out, grads, ref_out, ref_grads, 1e-5)
 
 
 @pytest.mark.parametrize("graph_name", ["encoder_like", "decoder_like"])
 def test_result_does_not_depend_on_visiting_order(graph_name):
     graph = make_graph(graph_name)
-    inputs = make_inputs(graph, 3, 5, torch.float32)
+    inputs = make_inputs(graph, 3, 5, torch.float32, qk_norm="layer")
     grad_out = torch.randn(graph.num_dst, 3, 5, device=DEVICE)
-    out, grads = run_gtnorm(leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out, True)
+    out, grads = run_gtnorm(leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out, "layer")
     shuffled = gtnorm.GraphLayout.from_edge_index(
         graph.edge_index.to(DEVICE), (graph.num_src, graph.num_dst),
         dst_order=torch.randperm(graph.num_dst), src_order=torch.randperm(graph.num_src),
     )  # fmt: skip
-    out_s, grads_s = run_gtnorm(leaf_copies(inputs, torch.float32, DEVICE), shuffled, grad_out, True)
-    # Every node's sums run over its edges in the same order: only the weight gradients' partial sums differ.
+    out_s, grads_s = run_gtnorm(leaf_copies(inputs, torch.float32, DEVICE), shuffled, grad_out, "layer")
+    # Every node's sums run over its edges in the same order: only the norm parameters' partial sums differ.
     assert torch.equal(out_s, out)
     for name in grads:
-        if name.endswith("norm_weight"):
-            assert rel_error(grads_s[name], grads[name]) < 1e-5, name
+        if name in PARAM_NAMES:
+            assert grad_error(name, grads_s, grads) < 1e-5, name
         else:
             assert torch.equal(grads_s[name], grads[name]), name
 
@@ -281,34 +392,37 @@ def _op_args(graph, heads, channels, dtype, qk_norm=True, requires_grad=True):
     return inputs, layout_args
 
 
-@pytest.mark.parametrize("qk_norm", [True, False], ids=["qk_norm", "no_norm"])
+@pytest.mark.parametrize("qk_norm", ["rms", "layer", "none"])
 def test_opcheck(qk_norm):
     graph = make_graph("decoder_like", scale=1)
-    inputs, layout_args = _op_args(graph, 2, 4, torch.float32, qk_norm=qk_norm)
-    forward_args = (*[inputs[k] for k in INPUT_NAMES], *layout_args, qk_norm, EPS)
+    inputs, layout_args = _op_args(graph, 2, 4, torch.float32, qk_norm=qk_norm if qk_norm != "none" else False)
+    forward_args = (*[inputs[k] for k in INPUT_NAMES], *layout_args, qk_norm, EPS, 2 * EPS)
     torch.library.opcheck(torch.ops.gtnorm.graph_attention_forward.default, forward_args)
     _, lse = torch.ops.gtnorm.graph_attention_forward(*forward_args)
     detached = [inputs[k].detach() if inputs[k] is not None else None for k in INPUT_NAMES]
     grad_out = torch.randn_like(detached[0])
-    backward_args = (grad_out, *detached, lse, *layout_args, qk_norm, EPS)
+    backward_args = (grad_out, *detached, lse, *layout_args, qk_norm, EPS, 2 * EPS)
     torch.library.opcheck(torch.ops.gtnorm.graph_attention_backward.default, backward_args)
 
 
 @pytest.mark.gpu
-def test_torch_compile_fullgraph():
+@pytest.mark.parametrize("qk_norm", ["rms", "layer"])
+def test_torch_compile_fullgraph(qk_norm):
     graph = make_graph("encoder_like")
     layout = layout_of(graph)
-    inputs = leaf_copies(make_inputs(graph, 16, 64, torch.float32), torch.bfloat16, DEVICE)
+    inputs = leaf_copies(make_inputs(graph, 16, 64, torch.float32, qk_norm=qk_norm), torch.bfloat16, DEVICE)
     grad_out = torch.randn(graph.num_dst, 16, 64, device=DEVICE)
 
-    def attention(query, key, value, edge_attr, q_norm_weight, k_norm_weight):
-        return gtnorm.graph_transformer_attention(query, key, value, edge_attr, layout, qk_norm=True,
-                                                  q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, eps=EPS)
+    def attention(query, key, value, edge_attr, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias):
+        return gtnorm.graph_transformer_attention(
+            query, key, value, edge_attr, layout, qk_norm=qk_norm, q_norm_weight=q_norm_weight,
+            q_norm_bias=q_norm_bias, k_norm_weight=k_norm_weight, k_norm_bias=k_norm_bias, eps=(EPS, 2 * EPS),
+        )  # fmt: skip
 
     compiled = torch.compile(attention, fullgraph=True)
     out = compiled(*[inputs[k] for k in INPUT_NAMES])
     compiled_grads = _grads(out, inputs, grad_out)
-    eager_out, eager_grads = run_gtnorm(inputs, layout, grad_out, True)
+    eager_out, eager_grads = run_gtnorm(inputs, layout, grad_out, qk_norm, (EPS, 2 * EPS))
     assert torch.equal(out, eager_out)
     for name in eager_grads:
         assert torch.equal(compiled_grads[name], eager_grads[name]), name
