@@ -1,39 +1,136 @@
 #!/usr/bin/env bash
-# gtnorm's two entry points; each installs what it needs first.
+# gtnorm's two entry points. Each first makes sure the project's virtual environment exists and holds what
+# pyproject.toml asks for (installing only when something is missing or changed), then runs:
 #   bash run.sh bench [args for python -m benchmarks.graphs]   the graph benchmark (GPU: full suite;
-#                                                               CPU: tiny suite through the Triton interpreter)
+#                                                               CPU: quick mode, under 3 minutes)
 #   bash run.sh test  [args for pytest]                         the test suite (CPU: interpreter, small graphs)
+#   bash run.sh --help                                          this text; installs nothing
+#
+# Environment (all optional):
+#   PYTHON                  the Python that creates the environment (default: python3; any >= 3.10, an
+#                           "externally managed" system Python included: nothing is installed into it)
+#   GTNORM_VENV             the environment's folder (default: .venv in this checkout)
+#   GTNORM_TORCH_SPEC       what to install for torch (default: torch==2.13.0 without a GPU, torch with one)
+#   GTNORM_TORCH_PIP_ARGS   extra pip arguments for that install, e.g. an --index-url. When set (even empty),
+#                           used as given; when unset on a CPU-only machine, pip's own configuration is used if
+#                           it resolves GTNORM_TORCH_SPEC to a CPU build (no nvidia-* packages), else the
+#                           PyTorch CPU index (https://download.pytorch.org/whl/cpu).
 set -euo pipefail
 cd "$(dirname "$0")"
+
 PYTHON=${PYTHON:-python3}
+VENV=${GTNORM_VENV:-.venv}
+VENV_PY="$VENV/bin/python"
+STAMP="$VENV/.gtnorm-install-stamp"
+EXTRAS="test,bench"  # one environment for both commands: pytest and ruff are small
+CPU_TORCH_INDEX="https://download.pytorch.org/whl/cpu"
+
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }  # the header above
 
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
-install() {  # $1: the extras to install
-  if ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
-    if has_gpu; then
-      "$PYTHON" -m pip install -q torch
-    else
-      # The CPU build: a plain `torch` would pull several GB of CUDA packages.
-      "$PYTHON" -m pip install -q torch==2.13.0
-    fi
-  fi
-  "$PYTHON" -m pip install -q -e ".[$1]"
+torch_spec() {
+  if [[ -n "${GTNORM_TORCH_SPEC:-}" ]]; then echo "$GTNORM_TORCH_SPEC"
+  elif has_gpu; then echo "torch"
+  else echo "torch==2.13.0"; fi
 }
 
-case "${1:-}" in
-  bench)
-    shift
-    install bench
-    exec "$PYTHON" -m benchmarks.graphs "$@"
-    ;;
-  test)
-    shift
-    install test,bench
-    exec "$PYTHON" -m pytest -q "$@"
-    ;;
-  *)
-    echo "usage: bash run.sh bench|test [args]" >&2
-    exit 2
-    ;;
+# What the stamp records: a change in any of these reinstalls.
+install_key() {
+  "$PYTHON" - "$EXTRAS" "$(torch_spec)" "${GTNORM_TORCH_PIP_ARGS-<unset>}" "$PWD" <<'EOF'
+import hashlib, sys
+digest = hashlib.sha256(open("pyproject.toml", "rb").read())
+digest.update("\0".join(sys.argv[1:]).encode())
+print(digest.hexdigest())
+EOF
+}
+
+make_venv() {
+  echo "run.sh: creating the virtual environment $VENV with $("$PYTHON" --version 2>&1)" >&2
+  if ! "$PYTHON" -m venv "$VENV"; then
+    rm -rf "$VENV"
+    echo "run.sh: '$PYTHON -m venv' failed. On Debian/Ubuntu: apt install python3-venv (or python3.X-venv);" \
+      "or point PYTHON at another Python >= 3.10." >&2
+    exit 1
+  fi
+  "$VENV_PY" -m pip install -q --upgrade pip
+}
+
+# True when pip, as configured here, resolves the torch spec to a CPU build: nothing named nvidia-* in the
+# resolution (a dry run: metadata only, nothing downloaded but that).
+pip_resolves_cpu_torch() {
+  local report status=1
+  report=$(mktemp)
+  if "$VENV_PY" -m pip install -q --dry-run --ignore-installed --report "$report" "$1" >/dev/null 2>&1 &&
+    "$VENV_PY" - "$report" <<'EOF'
+import json, sys
+names = [item["metadata"]["name"].lower() for item in json.load(open(sys.argv[1]))["install"]]
+sys.exit(1 if any(name.startswith("nvidia-") for name in names) else 0)
+EOF
+  then
+    status=0
+  fi
+  rm -f "$report"
+  return $status
+}
+
+install_torch() {
+  local spec
+  spec=$(torch_spec)
+  if "$VENV_PY" -c "import torch" >/dev/null 2>&1; then return; fi
+  if [[ -n "${GTNORM_TORCH_PIP_ARGS+set}" ]]; then
+    echo "run.sh: installing $spec with pip arguments '$GTNORM_TORCH_PIP_ARGS' (a few minutes)" >&2
+    # shellcheck disable=SC2086  # the arguments are meant to split
+    "$VENV_PY" -m pip install -q "$spec" $GTNORM_TORCH_PIP_ARGS
+  elif has_gpu; then
+    echo "run.sh: installing $spec (CUDA build, a few minutes)" >&2
+    "$VENV_PY" -m pip install -q "$spec"
+  elif pip_resolves_cpu_torch "$spec"; then
+    echo "run.sh: installing $spec (CPU build, as pip is configured here; a few minutes)" >&2
+    "$VENV_PY" -m pip install -q "$spec"
+  else
+    # From the public registry a plain torch is the CUDA build with ~20 nvidia-* packages (GBs).
+    echo "run.sh: installing $spec from the PyTorch CPU index $CPU_TORCH_INDEX (a few minutes)" >&2
+    "$VENV_PY" -m pip install -q "$spec" --index-url "$CPU_TORCH_INDEX"
+  fi
+}
+
+ensure_installed() {
+  local key
+  key=$(install_key)
+  if [[ -x "$VENV_PY" ]] && [[ "$(cat "$STAMP" 2>/dev/null)" == "$key" ]] && "$VENV_PY" -c "import gtnorm" 2>/dev/null; then
+    return
+  fi
+  [[ -x "$VENV_PY" ]] || make_venv
+  install_torch
+  echo "run.sh: installing gtnorm (editable) with its $EXTRAS extras" >&2
+  "$VENV_PY" -m pip install -q -e ".[$EXTRAS]"
+  echo "$key" >"$STAMP"
+}
+
+# The programs' own --help needs them installed; without an environment, say so instead of installing.
+asks_for_help() {
+  local arg
+  for arg in "$@"; do [[ "$arg" == "-h" || "$arg" == "--help" ]] && return 0; done
+  return 1
+}
+
+command=${1:-}
+case "$command" in
+  bench | test) shift ;;
+  -h | --help | help) usage; exit 0 ;;
+  *) usage >&2; exit 2 ;;
+esac
+
+if asks_for_help "$@" && ! [[ -f "$STAMP" ]]; then
+  usage
+  echo
+  echo "(The $command program's own options are listed once its environment is installed: run 'bash run.sh $command' once.)"
+  exit 0
+fi
+
+ensure_installed
+case "$command" in
+  bench) exec "$VENV_PY" -m benchmarks.graphs "$@" ;;
+  test) exec "$VENV_PY" -m pytest -q "$@" ;;
 esac

@@ -67,7 +67,9 @@ def copy_bandwidth(nbytes: int = 2**30) -> float:
 
 
 def floor_bytes(n_src: int, n_dst: int, n_edges: int, row_bytes: int, index_bytes: int) -> tuple[int, int]:
-    """(forward, backward) bytes that must move: NOTES §4."""
+    """(forward, backward) bytes that must move once: forward reads q, k, v, e and writes out; backward reads q,
+    k, v, e, dO and writes dq, dk, dv, de; each also reads its index arrays (benchmarks/graphs/measure.py's
+    hbm_floor_bytes counts the same)."""
     forward = (2 * n_dst + 2 * n_src + n_edges) * row_bytes + index_bytes
     backward = (3 * n_dst + 4 * n_src + 2 * n_edges) * row_bytes + index_bytes
     return forward, backward

@@ -1,12 +1,21 @@
 """gtnorm: graph-transformer attention with RMSNorm on Q and K fused into the Triton kernels.
 
-Submodules are imported on first use, so that ``TRITON_INTERPRET`` may still be set after ``import gtnorm``
-(the interpreter is chosen when the kernels are first defined).
+Public names are imported from their modules on first use (gtnorm/_lazy.py), so that ``TRITON_INTERPRET`` may
+still be set after ``import gtnorm``: Triton picks interpreter or compiled when the kernels are first defined.
 """
 
-from importlib import import_module
+from typing import TYPE_CHECKING
+
+from gtnorm._lazy import lazy_exports
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from gtnorm.nn.conv import GraphTransformerConv
+    from gtnorm.rmsnorm.functional import rms_norm
+    from gtnorm.rmsnorm.module import RMSNorm
+    from gtnorm.triton.attention import graph_transformer_attention
+    from gtnorm.triton.layout import GraphLayout
 
 _EXPORTS = {
     "rms_norm": "gtnorm.rmsnorm.functional",
@@ -16,16 +25,5 @@ _EXPORTS = {
     "GraphTransformerConv": "gtnorm.nn.conv",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        value = getattr(import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'gtnorm' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__all__ = ["GraphLayout", "GraphTransformerConv", "RMSNorm", "graph_transformer_attention", "rms_norm"]
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -5,33 +5,93 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
+import warnings
 
 import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
+# Triton decides between the interpreter and the compiler when a function is decorated with @triton.jit, i.e. when
+# gtnorm's kernel modules are imported; changing TRITON_INTERPRET afterwards does not change those functions.
+# Every kernel module imports the row helpers of this module before it defines a kernel, so the type of those
+# helpers says how all of gtnorm's kernels were defined.
+_KERNEL_HELPERS_MODULE = "gtnorm.rmsnorm.math"
+_kernels_interpreted: bool | None = None  # recorded once the kernels exist; they never change afterwards
+
 
 def interpreter_active() -> bool:
-    """True when Triton kernels run on the CPU through the interpreter (``TRITON_INTERPRET=1``)."""
+    """True when ``TRITON_INTERPRET=1`` asks for the Triton interpreter (kernels on CPU tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def kernels_interpreted() -> bool | None:
+    """How gtnorm's Triton kernels were defined: True for the interpreter, False compiled, None not yet (their
+    modules are not imported, so the next import follows ``TRITON_INTERPRET`` as it is then)."""
+    global _kernels_interpreted
+    if _kernels_interpreted is None:
+        helpers = sys.modules.get(_KERNEL_HELPERS_MODULE)
+        if helpers is not None:
+            from triton.runtime.jit import JITFunction, KernelInterface
+
+            defined = [value for value in vars(helpers).values() if isinstance(value, KernelInterface)]
+            if defined:  # none while the module is still being imported
+                _kernels_interpreted = not isinstance(defined[0], JITFunction)
+    return _kernels_interpreted
+
+
+def _mode_changed_after_definition() -> bool:
+    defined = kernels_interpreted()
+    return defined is not None and defined != interpreter_active()
+
+
 def triton_can_run_on(device: torch.device) -> bool:
-    """Compiled Triton needs a CUDA device; the interpreter runs on CPU tensors only."""
+    """Compiled Triton needs a CUDA device; the interpreter runs on CPU tensors only. False on every device when
+    ``TRITON_INTERPRET`` was changed after gtnorm's kernels were defined (they keep the mode they were made in)."""
+    if _mode_changed_after_definition():
+        return False
     if interpreter_active():
         return device.type == "cpu"
     return device.type == "cuda"
 
 
 def check_triton_device(device: torch.device, what: str) -> None:
+    """Raises a RuntimeError saying why, unless the Triton kernels can run on ``device`` tensors now."""
     if triton_can_run_on(device):
         return
+    if _mode_changed_after_definition():
+        was, now = ("1", "unset or 0") if kernels_interpreted() else ("unset or 0", "1")
+        raise RuntimeError(
+            f"{what}: TRITON_INTERPRET is now {now}, but gtnorm's Triton kernels were defined when it was {was} "
+            "(Triton fixes interpreter or compiled when a kernel module is imported). Set TRITON_INTERPRET before "
+            "the first use of gtnorm's kernels (before building a GraphTransformerConv or importing "
+            "gtnorm.triton.ops / gtnorm.rmsnorm.functional) and start a fresh process, or use the PyG/torch path"
+        )
     if device.type == "cpu":
         raise RuntimeError(
             f"{what}: the Triton kernels need CUDA tensors; on the CPU they only run through the Triton "
-            "interpreter (set TRITON_INTERPRET=1 before importing gtnorm), or use the PyG/torch path"
+            "interpreter (set TRITON_INTERPRET=1 before gtnorm's kernels are first used), or use the PyG/torch path"
         )
     raise RuntimeError(f"{what}: tensors on {device} cannot run the Triton kernels here")
+
+
+_warned_interpreter_auto = False
+
+
+def warn_auto_uses_interpreter(device: torch.device) -> None:
+    """Call where ``backend="auto"`` has chosen the Triton kernels for tensors on ``device``: the first time that
+    means the Triton interpreter (CPU tensors under ``TRITON_INTERPRET=1``), warns once per process that this path
+    is about 40x slower than the PyG path that ``auto`` would take without ``TRITON_INTERPRET``."""
+    global _warned_interpreter_auto
+    if _warned_interpreter_auto or device.type != "cpu" or not interpreter_active():
+        return
+    _warned_interpreter_auto = True
+    warnings.warn(
+        "backend='auto' runs gtnorm's Triton kernels through the Triton interpreter on the CPU because "
+        "TRITON_INTERPRET=1 is set: about 40x slower than the PyG path, which 'auto' takes on the CPU without "
+        "TRITON_INTERPRET (or pass backend='pyg'). The interpreter is for testing the kernels.",
+        stacklevel=3,
+    )
 
 
 def check_dtype(name: str, tensor: torch.Tensor) -> None:

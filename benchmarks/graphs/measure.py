@@ -148,8 +148,8 @@ def hbm_floor_bytes(layout, row_bytes: int) -> tuple[int, int]:
     cache decides how much of it reaches HBM.
     """
     nbytes = lambda *tensors: sum(t.numel() * t.element_size() for t in tensors)
-    by_destination = nbytes(layout.dst_offsets, layout.csc_dst, layout.csc_src, layout.csc_edge_id)
-    by_source = nbytes(layout.src_offsets, layout.csr_src, layout.csr_dst, layout.csr_edge_id)
+    by_destination = nbytes(*layout.by_dst.tensors())
+    by_source = nbytes(*layout.by_src.tensors())
     n_src, n_dst, n_edges = layout.num_src, layout.num_dst, layout.num_edges
     forward = (2 * n_dst + 2 * n_src + n_edges) * row_bytes + by_destination
     backward = (3 * n_dst + 4 * n_src + 2 * n_edges) * row_bytes + by_destination + by_source

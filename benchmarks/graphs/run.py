@@ -3,12 +3,17 @@ the norm), on Anemoi-sized graphs.
 
     python -m benchmarks.graphs [--suite full|small|tiny | --graphs NAME ...] [--dtype bfloat16]
                                 [--heads 16] [--channels 64] [--variants ...] [--out DIR] [--no-plot] [--no-check]
+                                [--quick | --no-quick]
 
 For every graph: forward and forward+backward time and peak memory of each variant, the fused variant's time
 against the HBM floor and its speedup over the others, and its error against the PyG reference. Results go
 to DIR/results.json, results.md and results.png, rewritten after every graph so an interrupted run keeps
-what it measured. With a GPU the default is the full suite; without one, the tiny suite through the Triton
-interpreter (times that only show the harness works).
+what it measured. With a GPU the default is the full suite.
+
+Without a GPU the default is quick mode on the tiny suite (quick.py, under 3 minutes on 2 cores): the fused
+kernels, through the Triton interpreter, checked once per graph against the PyG reference, the PyG path
+timed, and the committed GPU results summarised. --no-quick times every variant through the interpreter
+instead (slow, and those times only show that the harness works).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from benchmarks.graphs.measure import (
     hbm_floor_bytes,
     measure_call,
 )
+from benchmarks.graphs.quick import PYG_TIMED_CALLS, run_quick
 from benchmarks.graphs.report import MODES, NOT_PERFORMANCE, markdown, write_outputs
 from benchmarks.graphs.variants import COMPILED_VARIANTS, VARIANTS, BenchInputs, build_variant, make_inputs
 from gtnorm._runtime import resolve_eps
@@ -97,10 +103,23 @@ def parse_args(argv: list[str] | None, on_gpu: bool) -> argparse.Namespace:
     )
     parser.add_argument("--warmup-ms", type=float, default=25.0, help="GPU: do_bench warm-up time per measurement")
     parser.add_argument("--rep-ms", type=float, default=100.0, help="GPU: do_bench measuring time per measurement")
-    parser.add_argument("--reps", type=int, default=1, help="CPU: timed calls per measurement (median; no warm-up)")
+    parser.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help=f"CPU: timed calls per measurement (median; no warm-up; default: {PYG_TIMED_CALLS} in quick mode, "
+        "where only PyG is timed, else 1)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: benchmarks/out/<date-time>)")
     parser.add_argument("--no-plot", action="store_true", help="do not draw results.png")
     parser.add_argument("--no-check", action="store_true", help="skip the accuracy check against PyG")
+    parser.add_argument(
+        "--quick",
+        action=argparse.BooleanOptionalAction,
+        default=not on_gpu,
+        help="check the fused op once per graph against PyG, time only PyG, summarise the committed GPU results "
+        "(default here: %(default)s)",
+    )
     args = parser.parse_args(argv)
     if args.out is None:
         args.out = Path(__file__).resolve().parents[1] / "out" / time.strftime("%Y%m%d-%H%M%S")
@@ -112,7 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv, on_gpu)
     device = torch.device("cuda" if on_gpu else "cpu")
     dtype = getattr(torch, args.dtype)
-    timing = TimingSettings(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, cpu_reps=args.reps)
+    cpu_reps = args.reps or (PYG_TIMED_CALLS if args.quick else 1)
+    timing = TimingSettings(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, cpu_reps=cpu_reps)
     settings = Settings(
         dtype=dtype,
         heads=args.heads,
@@ -123,6 +143,9 @@ def main(argv: list[str] | None = None) -> dict:
         check=not args.no_check,
     )
     names = args.graphs or list(SUITES[args.suite])
+    if args.quick:
+        meta = run_metadata(device, settings, bandwidth=None)
+        return run_quick(names, settings, device, args.out, meta)
 
     if not on_gpu:
         print(NOT_PERFORMANCE.replace("**", ""))
@@ -160,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-def run_metadata(device: torch.device, settings: Settings, bandwidth: float) -> dict:
+def run_metadata(device: torch.device, settings: Settings, bandwidth: float | None) -> dict:
     on_gpu = device.type == "cuda"
     timing = settings.timing
     return {

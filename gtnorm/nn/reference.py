@@ -76,9 +76,9 @@ def reference_graph_transformer_attention(
     q_norm: Callable[[Tensor], Tensor] | None = None,  # e.g. torch.nn.RMSNorm(C), applied to [N_dst, H, C]
     k_norm: Callable[[Tensor], Tensor] | None = None,  # e.g. torch.nn.RMSNorm(C), applied to [N_src, H, C]
 ) -> Tensor:  # [N_dst, H, C]
-    """NOTES §1 in plain torch + PyG: optional norms on query and key (normalised over C, weight shared by the
-    heads), then :class:`GraphTransformerMessagePassing`. Runs in any floating dtype, float64 included, on
-    any device; differentiable in everything, norm weights included."""
+    """The op gtnorm's kernels compute (README.md, top) in plain torch + PyG: optional norms on query and key
+    (normalised over C, weight shared by the heads), then :class:`GraphTransformerMessagePassing`. Runs in any
+    floating dtype, float64 included, on any device; differentiable in everything, norm weights included."""
     if q_norm is not None:
         query = q_norm(query)
     if k_norm is not None:

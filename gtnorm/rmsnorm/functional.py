@@ -119,6 +119,11 @@ def rms_norm(
     bfloat16 or float32, the weight any of these too (as in torch, it need not match x). Differentiable in x
     and weight. Runs the Triton kernels only: CPU tensors need the Triton interpreter (``gtnorm.RMSNorm``
     falls back to torch instead).
+
+    Shapes:
+        x: [*, *normalized_shape], e.g. [N, H, C] with ``normalized_shape=C`` (per head, over C).
+        weight: ``normalized_shape`` or None.
+        returns: x's shape, in x's dtype.
     """
     normalized_shape = _check_inputs(x, normalized_shape, weight)
     eps = resolve_eps(eps, x.dtype)

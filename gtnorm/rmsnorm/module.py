@@ -23,7 +23,7 @@ class RMSNorm(torch.nn.RMSNorm):
         super().__init__(*args, **kwargs)
         _check_eps(self.eps)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:  # [*, *normalized_shape] -> the same
         _check_eps(self.eps)  # eps is a plain attribute: it may have been set after construction
         weight_ok = self.weight is None or self.weight.dtype in SUPPORTED_DTYPES
         if triton_can_run_on(x.device) and x.dtype in SUPPORTED_DTYPES and weight_ok:

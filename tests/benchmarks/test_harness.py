@@ -57,7 +57,7 @@ def test_variants_compute_the_same_function():
 def test_cli_writes_results(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(run, "graph_names", lambda: ["smoke"])
     monkeypatch.setattr(run, "load_graph", lambda name, **kwargs: smoke_graph())
-    argv = ["--graphs", "smoke", "--heads", "2", "--channels", "16", "--out", str(tmp_path)]
+    argv = ["--graphs", "smoke", "--heads", "2", "--channels", "16", "--out", str(tmp_path), "--no-quick"]
     if HAS_CUDA:  # keep the GPU run short: no torch.compile, brief timing
         argv += ["--variants", "pyg", "unfused", "fused", "--warmup-ms", "1", "--rep-ms", "5"]
     run.main(argv)

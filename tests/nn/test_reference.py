@@ -24,7 +24,7 @@ def dense_rms_norm(x, weight, eps):  # x [N, H, C], weight [C]
 
 
 def dense_attention(query, key, value, edge_attr, edge_index, num_dst):
-    """NOTES §1, one destination at a time."""
+    """softmax_j(<q_i, k_j + e_ij> / sqrt(C)) weighted sum of (v_j + e_ij), one destination i at a time."""
     src, dst = edge_index
     heads, channels = query.shape[1:]
     rows = []
