@@ -1,24 +1,32 @@
-"""GraphTransformerConv: Anemoi's graph-transformer message passing, with optional RMSNorm on query and key,
-running the fused Triton kernels where they can run and the PyG reference elsewhere.
+"""GraphTransformerConv: Anemoi's graph-transformer message passing, with optional norms on query and key (the
+caller's modules or ones the layer builds), running the fused Triton kernels where they can run and the PyG
+reference elsewhere.
 """
 
 from __future__ import annotations
 
+import functools
 import operator
 import threading
+import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from gtnorm._runtime import triton_can_run_on
+from gtnorm.nn.norms import FusedNorm, apply_with_torch, check_norm_eps, fusable_norm
 from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.rmsnorm.module import RMSNorm
-from gtnorm.triton.attention import check_attention_tensors, graph_transformer_attention
+from gtnorm.triton.attention import (
+    LAYER_NORM_DEFAULT_EPS,
+    check_attention_tensors,
+    graph_transformer_attention,
+    norm_kind,
+)
 from gtnorm.triton.layout import GraphLayout, check_edge_index, check_edge_index_format
 
 BACKENDS = ("auto", "triton", "pyg")
@@ -27,47 +35,98 @@ BACKENDS = ("auto", "triton", "pyg")
 class GraphTransformerConv(torch.nn.Module):
     """Graph-transformer attention over the edges of a (bipartite) graph, per head::
 
-        q' = q_norm(q), k' = k_norm(k)                    (RMSNorm over C, weight [C] shared by the heads)
+        q' = q_norm(q), k' = k_norm(k)                    (each over the C channels of a head, or none)
         out_i = sum_{j -> i} softmax_j(<q'_i, k'_j + e_ij> / sqrt(C)) (v_j + e_ij)
 
     A drop-in for the message-passing part of Anemoi's ``GraphTransformerConv`` (``out_channels`` is the
-    channel count per head, C); the projections to query/key/value/edge features stay with the caller.
+    channel count per head, C); the projections to query/key/value/edge features stay with the caller. Unlike
+    PyG's ``GraphTransformerConv(in_channels, out_channels)``, it takes no input size: every option after
+    ``out_channels`` is keyword-only.
 
     Args:
         out_channels: channels per head (C).
-        qk_norm: apply RMSNorm (learnable weight [C], ones at init) to query and key. The norms are the
-            submodules ``q_norm`` and ``k_norm`` (state_dict keys ``q_norm.weight``, ``k_norm.weight``).
-        eps: the norms' epsilon; None means what torch.nn.RMSNorm does (float32's epsilon).
-        backend: ``"triton"``: the fused Triton kernels (norms applied inside them); ``"pyg"``: torch's RMSNorm
+        qk_norm: False (no norm), True or ``"rms"`` (gtnorm.RMSNorm, weight [C] of ones at init) or ``"layer"``
+            (torch.nn.LayerNorm(C): weight and bias [C]), built as the submodules ``q_norm`` and ``k_norm``
+            (state_dict keys ``q_norm.weight``, ``k_norm.weight``, ...).
+        eps: the built norms' epsilon; None means torch's default (float32's epsilon for RMSNorm, 1e-5 for
+            LayerNorm).
+        backend: ``"triton"``: the fused Triton kernels (norms applied inside them); ``"pyg"``: torch's norms
             then the PyG reference; ``"auto"``: Triton exactly where it can run on the query's device
             (``gtnorm._runtime.triton_can_run_on``: CUDA tensors, or CPU tensors when ``TRITON_INTERPRET=1``
             is set, i.e. under the interpreter), PyG elsewhere. Both backends compute the same function
             from the same parameters, so a state_dict moves between them unchanged.
+        q_norm, k_norm: the caller's own norm modules instead of ``qk_norm``, kept as the submodules ``q_norm``
+            and ``k_norm`` (so a model's parameters and state_dict keys stay where they are). Run inside the
+            kernels when both are torch.nn.RMSNorm (gtnorm.RMSNorm included) or both torch.nn.LayerNorm, or
+            subclasses of these (e.g. Anemoi's AutocastLayerNorm), over the last axis (normalized_shape ==
+            (C,)), with or without weight and bias. Any other module, or a pair of different kinds, is applied
+            as the caller's module before the kernels (correct, not fused), with one warning per module.
+
+    Shapes:
+        query: [N_dst, H, C]; key, value: [N_src, H, C]; edge_attr: [M, H, C] or None, in edge_index's order;
+        edge_index: [2, M] (row 0 = source, row 1 = destination); output: [N_dst, H, C] in query's dtype.
+        query, key, value and edge_attr may have different floating dtypes (e.g. under autocast).
 
     The Triton backend needs a :class:`gtnorm.GraphLayout` of the graph. It is built on first sight of an
     ``edge_index`` tensor and reused while that same tensor is alive and unmodified; see
     :class:`LayoutCache`. Pass the same edge_index tensor (e.g. a registered buffer) every step to build once.
     """
 
-    def __init__(self, out_channels: int, qk_norm: bool = False, eps: float | None = None, backend: str = "auto"):
+    def __init__(
+        self,
+        out_channels: int,
+        *positional,
+        qk_norm: bool | str = False,
+        eps: float | None = None,
+        backend: str = "auto",
+        q_norm: torch.nn.Module | None = None,
+        k_norm: torch.nn.Module | None = None,
+    ):
         super().__init__()
+        if positional:
+            args = ", ".join(repr(a) for a in (out_channels, *positional))
+            raise TypeError(
+                f"GraphTransformerConv({args}): only out_channels (channels per head) is positional. This is not "
+                "PyG's GraphTransformerConv(in_channels, out_channels): the projections stay with the caller. "
+                "Pass the options by keyword, e.g. GraphTransformerConv(64, qk_norm=True)"
+            )
         if isinstance(out_channels, bool) or not isinstance(out_channels, int) or out_channels <= 0:
             raise ValueError(f"out_channels must be a positive int (channels per head), got {out_channels!r}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        kind = norm_kind(qk_norm)
         self.out_channels = out_channels
-        self.qk_norm = bool(qk_norm)
+        self.qk_norm = kind or False
         self.backend = backend
-        if self.qk_norm:
-            self.q_norm = RMSNorm(out_channels, eps=eps)
-            self.k_norm = RMSNorm(out_channels, eps=eps)
-        else:
-            # Registered as None: the attributes exist, and the state_dict has no norm keys.
-            self.register_module("q_norm", None)
-            self.register_module("k_norm", None)
+        if q_norm is not None or k_norm is not None:
+            if kind is not None or eps is not None:
+                raise ValueError(
+                    "pass either qk_norm (and eps) or your own q_norm / k_norm modules, not both: the modules "
+                    "carry their own kind and eps"
+                )
+            for name, module in (("q_norm", q_norm), ("k_norm", k_norm)):
+                if module is not None and not isinstance(module, torch.nn.Module):
+                    raise TypeError(f"{name} must be a torch.nn.Module or None, got {type(module).__name__}")
+        elif kind == "rms":
+            q_norm, k_norm = RMSNorm(out_channels, eps=eps), RMSNorm(out_channels, eps=eps)
+        elif kind == "layer":
+            if eps is not None and not eps >= 0.0:
+                raise ValueError(f"eps must be non-negative, got {eps}")
+            eps = LAYER_NORM_DEFAULT_EPS if eps is None else eps
+            q_norm, k_norm = torch.nn.LayerNorm(out_channels, eps=eps), torch.nn.LayerNorm(out_channels, eps=eps)
+        # Registered even when None: the attributes exist, and the state_dict has no norm keys.
+        self.register_module("q_norm", q_norm)
+        self.register_module("k_norm", k_norm)
+        self._warned_unfused: set[tuple[str, int]] = set()
+
+    def reset_parameters(self) -> None:
+        """Re-initialises the norms' parameters (the layer has no others)."""
+        for norm in (self.q_norm, self.k_norm):
+            if norm is not None and hasattr(norm, "reset_parameters"):
+                norm.reset_parameters()
 
     def extra_repr(self) -> str:
-        return f"out_channels={self.out_channels}, qk_norm={self.qk_norm}, backend={self.backend!r}"
+        return f"out_channels={self.out_channels}, qk_norm={self.qk_norm!r}, backend={self.backend!r}"
 
     def forward(
         self,
@@ -78,6 +137,7 @@ class GraphTransformerConv(torch.nn.Module):
         edge_index: Tensor,  # [2, M] int64/int32: row 0 = source, row 1 = destination
         size: tuple[int, int] | None = None,  # (N_src, N_dst); None: a square graph of query.shape[0] nodes
     ) -> Tensor:  # [N_dst, H, C]
+        """Shapes: see the class docstring."""
         num_src, num_dst = self._check_inputs(query, key, value, edge_attr, edge_index, size)
         if self._uses_triton(query.device):
             return self._forward_triton(query, key, value, edge_attr, edge_index, num_src, num_dst)
@@ -94,37 +154,67 @@ class GraphTransformerConv(torch.nn.Module):
         return self.backend == "triton" or (self.backend == "auto" and can_run)
 
     def _forward_triton(self, query, key, value, edge_attr, edge_index, num_src, num_dst) -> Tensor:
-        eps = self._norm_eps()
+        fused = self._fused_norms()
+        if fused is None:  # applied here, as the caller's modules, then the kernels without a norm
+            query, key = self._apply_norms(query, key)
+            fused_q = fused_k = FusedNorm(False, None, None, None)
+        else:
+            fused_q, fused_k = fused
         layout = _LAYOUT_CACHE.get(edge_index, num_src, num_dst)
-        # The norms run inside the kernels (fused): they are not applied here.
-        q_weight = self.q_norm.weight if self.qk_norm else None
-        k_weight = self.k_norm.weight if self.qk_norm else None
         return graph_transformer_attention(
             query, key, value, edge_attr, layout,
-            qk_norm=self.qk_norm, q_norm_weight=q_weight, k_norm_weight=k_weight, eps=eps,
+            qk_norm=fused_q.kind, q_norm_weight=fused_q.weight, q_norm_bias=fused_q.bias,
+            k_norm_weight=fused_k.weight, k_norm_bias=fused_k.bias, eps=(fused_q.eps, fused_k.eps),
         )  # fmt: skip
 
     def _forward_pyg(self, query, key, value, edge_attr, edge_index, num_src, num_dst) -> Tensor:
         # The Triton path range-checks indices while building its layout; PyG would fail inside a scatter
         # (or with a device-side assert on CUDA), so check here for the same clear error on both paths.
         check_edge_index(edge_index, (num_src, num_dst))
-        if self.qk_norm:
-            # torch's own RMSNorm math, whatever gtnorm.RMSNorm.forward would dispatch to.
-            channels = (self.out_channels,)
-            query = F.rms_norm(query, channels, self.q_norm.weight, self.q_norm.eps)
-            key = F.rms_norm(key, channels, self.k_norm.weight, self.k_norm.eps)
-        return reference_graph_transformer_attention(query, key, value, edge_attr, edge_index, size=(num_src, num_dst))
+        query_dtype = query.dtype
+        query, key = self._apply_norms(query, key)
+        # Mixed operand dtypes: computed in the widest of them, returned in the query's (as the kernels do).
+        operands = [t for t in (query, key, value, edge_attr) if t is not None]
+        dtype = functools.reduce(torch.promote_types, (t.dtype for t in operands))
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+        edge_attr = edge_attr.to(dtype) if edge_attr is not None else None
+        out = reference_graph_transformer_attention(query, key, value, edge_attr, edge_index, size=(num_src, num_dst))
+        return out.to(query_dtype)
 
-    def _norm_eps(self) -> float | None:
-        if not self.qk_norm:
-            return None
-        # The kernels take one epsilon for both norms.
-        if self.q_norm.eps != self.k_norm.eps:
-            raise ValueError(
-                f"q_norm.eps ({self.q_norm.eps}) and k_norm.eps ({self.k_norm.eps}) differ; the fused kernels "
-                "take one eps for both"
-            )
-        return self.q_norm.eps
+    def _apply_norms(self, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
+        if self.q_norm is not None:
+            query = apply_with_torch(self.q_norm, query)
+        if self.k_norm is not None:
+            key = apply_with_torch(self.k_norm, key)
+        return query, key
+
+    def _fused_norms(self) -> tuple[FusedNorm, FusedNorm] | None:
+        """The norms as the kernels take them; None when they must be applied unfused (said once per module)."""
+        if self.q_norm is None and self.k_norm is None:
+            return FusedNorm(False, None, None, None), FusedNorm(False, None, None, None)
+        found = {}
+        for name in ("q_norm", "k_norm"):
+            module = getattr(self, name)
+            found[name] = fusable_norm(module, self.out_channels) if module is not None else "it is None"
+        reasons = {name: why for name, why in found.items() if isinstance(why, str)}
+        if not reasons and found["q_norm"].kind != found["k_norm"].kind:
+            reasons = {"q_norm": f"it is a {found['q_norm'].kind} norm and k_norm a {found['k_norm'].kind} norm"}
+        if not reasons:
+            return found["q_norm"], found["k_norm"]
+        for name in ("q_norm", "k_norm"):
+            module = getattr(self, name)
+            check_norm_eps(module)
+            key = (name, id(module))
+            if module is not None and key not in self._warned_unfused:
+                self._warned_unfused.add(key)
+                why = "; ".join(f"{n}: {r}" for n, r in reasons.items())
+                warnings.warn(
+                    f"GraphTransformerConv: {name} ({type(module).__name__}) is applied before the Triton kernels, "
+                    f"not fused into them ({why}). The result is correct; fusing needs both norms torch.nn.RMSNorm "
+                    "or both torch.nn.LayerNorm over the C channels.",
+                    stacklevel=4,
+                )
+        return None
 
     def _check_inputs(self, query, key, value, edge_attr, edge_index, size) -> tuple[int, int]:
         """The layer's own checks, the same for both backends, before any work; returns (N_src, N_dst).
@@ -144,11 +234,15 @@ class GraphTransformerConv(torch.nn.Module):
         if edge_attr is not None and edge_attr.shape[0] != num_edges:
             raise ValueError(f"edge_attr has {edge_attr.shape[0]} rows, edge_index has {num_edges} edges")
 
-        if self.qk_norm:
-            for name, norm in (("q_norm", self.q_norm), ("k_norm", self.k_norm)):
-                if norm.weight is not None and norm.weight.device != query.device:
+        for name in ("q_norm", "k_norm"):
+            norm = getattr(self, name)
+            if norm is None:
+                continue
+            check_norm_eps(norm)
+            for param_name, param in norm.named_parameters():
+                if param.device != query.device:
                     raise ValueError(
-                        f"{name}.weight is on {norm.weight.device}, query is on {query.device} (move the module "
+                        f"{name}.{param_name} is on {param.device}, query is on {query.device} (move the module "
                         "with .to())"
                     )
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import numbers
+
 from torch import Tensor
 
 from gtnorm._runtime import check_dtype, check_triton_device, resolve_eps
 from gtnorm.triton.layout import GraphLayout
 from gtnorm.triton.ops import graph_attention_forward
+
+NORM_KINDS = ("rms", "layer")
+# torch.nn.LayerNorm's default; RMSNorm's default (None) depends on the dtype (_runtime.resolve_eps).
+LAYER_NORM_DEFAULT_EPS = 1e-5
 
 
 def graph_transformer_attention(
@@ -16,21 +22,45 @@ def graph_transformer_attention(
     edge_attr: Tensor | None,  # [M, H, C] in the order of the edge_index the layout was built from
     layout: GraphLayout,
     *,
-    qk_norm: bool = False,
+    qk_norm: bool | str = False,
     q_norm_weight: Tensor | None = None,  # [C]
+    q_norm_bias: Tensor | None = None,  # [C]
     k_norm_weight: Tensor | None = None,  # [C]
-    eps: float | None = None,
+    k_norm_bias: Tensor | None = None,  # [C]
+    eps: float | None | tuple[float | None, float | None] = None,
 ) -> Tensor:  # [N_dst, H, C]
     """Graph-transformer attention: for every destination i, softmax over its incoming edges (j -> i) of
     <q'_i, k'_j + e_ij> / sqrt(C), summed messages v_j + e_ij, per head.
 
-    With ``qk_norm``, q' = RMSNorm(q) * q_norm_weight and k' = RMSNorm(k) * k_norm_weight over the channels
-    of each head (weights [C] shared by the heads, optional), applied inside the kernels after each load.
-    ``eps=None`` does what torch.nn.RMSNorm does (the float32 epsilon for 16- and 32-bit inputs). Destinations without
-    incoming edges get 0. Differentiable in query, key, value, edge_attr and both weights.
+    ``qk_norm`` picks the norm applied to query and key over the channels of each head, inside the kernels
+    after each load (no normalised copy is written):
+
+    - ``False``: none, q' = q and k' = k;
+    - ``True`` or ``"rms"``: torch.nn.RMSNorm, q' = q / sqrt(mean(q^2) + eps) * q_norm_weight;
+    - ``"layer"``: torch.nn.LayerNorm, q' = (q - mean(q)) / sqrt(var(q) + eps) * q_norm_weight + q_norm_bias
+      (biased variance).
+
+    Likewise k' with the k_norm parameters. Weights and biases are [C], shared by the heads, each optional
+    (biases only with ``"layer"``); statistics are computed in float32. ``eps`` is one value for both norms or a
+    pair ``(eps_q, eps_k)``; None means torch's default for the kind: float32's epsilon for RMSNorm (what
+    torch.nn.RMSNorm uses for 16- and 32-bit inputs), 1e-5 for LayerNorm.
+
+    The four operands may have different dtypes (float16, bfloat16, float32, e.g. under autocast): each is
+    converted to float32 when loaded, the output has the query's dtype and each gradient its input's dtype.
+    Destinations without incoming edges get 0. Differentiable in query, key, value, edge_attr and every norm
+    parameter.
+
+    Shapes:
+        query: [N_dst, H, C]; key, value: [N_src, H, C]; edge_attr: [M, H, C] or None (M = layout.num_edges,
+        in the caller's edge order); norm weights and biases: [C]; output: [N_dst, H, C].
     """
-    _check_inputs(query, key, value, edge_attr, layout, qk_norm, q_norm_weight, k_norm_weight)
-    eps = resolve_eps(eps, query.dtype)
+    kind = norm_kind(qk_norm)
+    params = {"q_norm_weight": q_norm_weight, "q_norm_bias": q_norm_bias}
+    params.update(k_norm_weight=k_norm_weight, k_norm_bias=k_norm_bias)
+    _check_inputs(query, key, value, edge_attr, layout, kind, params)
+    eps_q, eps_k = resolve_norm_eps(eps, kind, query.dtype, key.dtype)
+    if kind == "layer" or q_norm_bias is not None or k_norm_bias is not None or eps_q != eps_k:
+        raise NotImplementedError("qk_norm='layer' and separate eps for q and k: the kernels are not there yet")
     out, _ = graph_attention_forward(
         query.contiguous(),
         key.contiguous(),
@@ -39,15 +69,48 @@ def graph_transformer_attention(
         q_norm_weight.contiguous() if q_norm_weight is not None else None,
         k_norm_weight.contiguous() if k_norm_weight is not None else None,
         *layout.tensors(),
-        bool(qk_norm),
-        eps,
+        kind == "rms",
+        eps_q,
     )
     return out
 
 
+def norm_kind(qk_norm) -> str | None:
+    """The norm kind named by a ``qk_norm`` argument: None, "rms" or "layer"."""
+    if qk_norm is False:
+        return None
+    if qk_norm is True:
+        return "rms"
+    if isinstance(qk_norm, str) and qk_norm in NORM_KINDS:
+        return qk_norm
+    raise ValueError(f"qk_norm must be False, True, 'rms' or 'layer', got {qk_norm!r}")
+
+
+def resolve_norm_eps(eps, kind: str | None, query_dtype, key_dtype) -> tuple[float, float]:
+    """(eps_q, eps_k) from ``eps`` (a number, None, or a pair of those), None replaced by torch's default for
+    the norm kind; a negative or non-numeric eps is a ValueError / TypeError."""
+    if isinstance(eps, tuple | list):
+        if len(eps) != 2:
+            raise ValueError(f"eps must be a number, None or a pair (eps_q, eps_k), got {eps!r}")
+        eps_q, eps_k = eps
+    else:
+        eps_q = eps_k = eps
+    resolved = []
+    for name, value, dtype in (("eps_q", eps_q, query_dtype), ("eps_k", eps_k, key_dtype)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise TypeError(f"eps must be a number, None or a pair (eps_q, eps_k); {name} is {value!r}")
+        if kind == "layer" and value is None:
+            value = LAYER_NORM_DEFAULT_EPS
+        try:
+            resolved.append(resolve_eps(value, dtype))
+        except ValueError:
+            raise ValueError(f"eps must be non-negative; {name} is {value!r}") from None
+    return resolved[0], resolved[1]
+
+
 def check_attention_tensors(query, key, value, edge_attr) -> None:
     """The checks of query/key/value/edge_attr that the op and GraphTransformerConv (either backend) share:
-    tensors of rank 3 with the same heads and channels, one floating dtype, one device."""
+    floating tensors of rank 3 with the same heads and channels, on one device (dtypes may differ)."""
     named = {"query": query, "key": key, "value": value}
     if edge_attr is not None:
         named["edge_attr"] = edge_attr
@@ -64,22 +127,19 @@ def check_attention_tensors(query, key, value, edge_attr) -> None:
     for name, t in named.items():
         if tuple(t.shape[1:]) != (heads, channels):
             raise ValueError(f"{name} has {t.shape[1]} heads x {t.shape[2]} channels, query has {heads} x {channels}")
-        if t.dtype != query.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype}, query has {query.dtype}")
         if t.device != query.device:
             raise ValueError(f"{name} is on {t.device}, query is on {query.device}")
     if key.shape[0] != value.shape[0]:
         raise ValueError(f"key has {key.shape[0]} nodes, value has {value.shape[0]}: both are the source nodes")
 
 
-def _check_inputs(query, key, value, edge_attr, layout, qk_norm, q_norm_weight, k_norm_weight) -> None:
+def _check_inputs(query, key, value, edge_attr, layout, kind, params: dict) -> None:
     check_attention_tensors(query, key, value, edge_attr)
     for name, t in (("query", query), ("key", key), ("value", value), ("edge_attr", edge_attr)):
         if t is not None:
             check_dtype(name, t)
     if not isinstance(layout, GraphLayout):
         raise TypeError(f"layout must be a gtnorm.GraphLayout, got {type(layout).__name__}")
-    heads_channels = tuple(query.shape[1:])
     if query.shape[0] != layout.num_dst:
         raise ValueError(f"query has {query.shape[0]} nodes, the layout has {layout.num_dst} destination nodes")
     if key.shape[0] != layout.num_src:
@@ -89,17 +149,20 @@ def _check_inputs(query, key, value, edge_attr, layout, qk_norm, q_norm_weight, 
     if layout.device != query.device:
         raise ValueError(f"layout is on {layout.device}, query is on {query.device}")
 
-    for name, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
-        if w is None:
+    channels = query.shape[2]
+    for name, p in params.items():
+        if p is None:
             continue
-        if not qk_norm:
+        if kind is None:
             raise ValueError(f"{name} was given but qk_norm=False")
-        if not isinstance(w, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
-        if tuple(w.shape) != (heads_channels[1],):
-            raise ValueError(f"{name} must have shape [{heads_channels[1]}] (channels), got {list(w.shape)}")
-        check_dtype(name, w)
-        if w.device != query.device:
-            raise ValueError(f"{name} is on {w.device}, query is on {query.device}")
+        if name.endswith("bias") and kind != "layer":
+            raise ValueError(f"{name} was given with qk_norm={kind!r}: only LayerNorm (qk_norm='layer') has a bias")
+        if not isinstance(p, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(p).__name__}")
+        if tuple(p.shape) != (channels,):
+            raise ValueError(f"{name} must have shape [{channels}] (channels), got {list(p.shape)}")
+        check_dtype(name, p)
+        if p.device != query.device:
+            raise ValueError(f"{name} is on {p.device}, query is on {query.device}")
 
     check_triton_device(query.device, "graph_transformer_attention")

@@ -23,6 +23,7 @@ from gtnorm.triton.partial_sum_kernel import column_sum_kernel
 
 LOG2E = 1.4426950408889634
 
+
 @torch.library.custom_op("gtnorm::graph_attention_forward", mutates_args=())
 def graph_attention_forward(
     query: Tensor,  # [N_dst, H, C]
@@ -119,7 +120,8 @@ def graph_attention_backward(
     grad_key = new_output(key.shape, key.dtype, device)
     grad_value = new_output(value.shape, value.dtype, device)
     has_edge_attr = edge_attr is not None
-    grad_edge_attr = new_output(edge_attr.shape if has_edge_attr else (0,), query.dtype, device)
+    edge_shape, edge_dtype = (edge_attr.shape, edge_attr.dtype) if has_edge_attr else ((0,), query.dtype)
+    grad_edge_attr = new_output(edge_shape, edge_dtype, device)
     attn = new_output((num_edges, num_heads), torch.float32, device)
     grad_attn = new_output((num_edges, num_heads), torch.float32, device)
     delta = new_output((num_dst, num_heads), torch.float32, device)
@@ -209,8 +211,14 @@ def _(grad_out, query, key, value, edge_attr, q_norm_weight, k_norm_weight, *lay
         return torch.empty_like(t) if t is not None else query.new_empty((0,), dtype=torch.float32)
 
     grad_edge_attr = torch.empty_like(edge_attr) if edge_attr is not None else query.new_empty((0,))
-    return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), grad_edge_attr,
-            grad_or_empty(q_norm_weight), grad_or_empty(k_norm_weight))
+    return (
+        torch.empty_like(query),
+        torch.empty_like(key),
+        torch.empty_like(value),
+        grad_edge_attr,
+        grad_or_empty(q_norm_weight),
+        grad_or_empty(k_norm_weight),
+    )
 
 
 _LAYOUT_ARGS = 11  # GraphLayout.tensors()

@@ -378,7 +378,9 @@ def test_auto_uses_triton_exactly_where_it_can_run(monkeypatch, triton_runs):
     calls = []
     monkeypatch.setattr(conv_module, "triton_can_run_on", lambda device: triton_runs)
     monkeypatch.setattr(conv_module, "graph_transformer_attention", lambda *a, **k: calls.append("triton"))
-    monkeypatch.setattr(conv_module, "reference_graph_transformer_attention", lambda *a, **k: calls.append("pyg"))
+    monkeypatch.setattr(
+        conv_module, "reference_graph_transformer_attention", lambda *a, **k: calls.append("pyg") or a[0]
+    )
     _call(make_conv(8, backend="auto"), make_graph("decoder_like", seed=13))
     assert calls == (["triton"] if triton_runs else ["pyg"])
 
@@ -403,7 +405,7 @@ def test_backend_and_channels_are_checked():
 
 
 def test_extra_repr():
-    assert "out_channels=8, qk_norm=True, backend='pyg'" in repr(GraphTransformerConv(8, qk_norm=True, backend="pyg"))
+    assert "out_channels=8, qk_norm='rms', backend='pyg'" in repr(GraphTransformerConv(8, qk_norm=True, backend="pyg"))
     assert GraphTransformerConv(4).extra_repr() == "out_channels=4, qk_norm=False, backend='auto'"
 
 
@@ -434,8 +436,6 @@ def _bad_calls():
         ),
         ("key/value nodes", set_(value=lambda kw: kw["value"][1:]), ValueError, "key has .* nodes, value has"),
         ("edge_attr rows", set_(edge_attr=lambda kw: kw["edge_attr"][1:]), ValueError, "edge_attr has .* rows"),
-        ("key dtype", set_(key=lambda kw: kw["key"].half()), TypeError, "key has dtype torch.float16"),
-        ("edge_attr dtype", set_(edge_attr=lambda kw: kw["edge_attr"].double()), TypeError, "edge_attr has dtype"),
         ("key device", set_(key=lambda kw: kw["key"].to(meta)), ValueError, "key is on meta"),
         (
             "edge_index device",
@@ -525,12 +525,4 @@ def test_norm_weights_on_another_device_raise():
     conv = make_conv(8, backend="pyg")
     conv.k_norm.to("meta")
     with pytest.raises(ValueError, match="k_norm.weight is on meta"):
-        _call(conv, graph)
-
-
-def test_norms_with_different_eps_raise_on_triton():
-    graph = make_graph("decoder_like", seed=17)
-    conv = make_conv(8, backend="triton")
-    conv.k_norm.eps = 1e-3
-    with pytest.raises(ValueError, match="take one eps for both"):
         _call(conv, graph)
