@@ -80,6 +80,8 @@ class Case:
     shard_strategy: str = "edges"
     edge_pre_mlp: bool = False
     attn_channels: int | None = None
+    channels: int = HIDDEN_CHANNELS  # num_channels (the hidden width)
+    heads: int = 2
     extra: dict = field(default_factory=dict)
 
     def with_(self, **changes) -> Case:
@@ -88,9 +90,9 @@ class Case:
     def arguments(self, backend: str) -> dict:
         """The constructor arguments, as a model config would give them."""
         args = dict(
-            num_channels=HIDDEN_CHANNELS,
+            num_channels=self.channels,
             num_chunks=self.num_chunks,
-            num_heads=2,
+            num_heads=self.heads,
             mlp_hidden_ratio=2.0,
             edge_dim=EDGE_DIM,
             attn_channels=self.attn_channels,
@@ -107,16 +109,18 @@ class Case:
         elif self.kind == "encoder":
             args.update(in_channels_src=DATA_CHANNELS, in_channels_dst=COORD_CHANNELS)
         else:
-            args.update(in_channels_src=HIDDEN_CHANNELS, in_channels_dst=COORD_CHANNELS, out_channels_dst=DATA_CHANNELS)
+            args.update(in_channels_src=self.channels, in_channels_dst=COORD_CHANNELS, out_channels_dst=DATA_CHANNELS)
         return args
 
 
-def build_pair(case: Case, backend: str, device: torch.device, seed: int = 0) -> tuple[nn.Module, nn.Module]:
-    """(Anemoi's module on its PyG backend, gtnorm's drop-in on ``backend``), the latter loaded with the
+def build_pair(
+    case: Case, backend: str, device: torch.device, seed: int = 0, anemoi_backend: str = "pyg"
+) -> tuple[nn.Module, nn.Module]:
+    """(Anemoi's module on ``anemoi_backend``, gtnorm's drop-in on ``backend``), the latter loaded with the
     former's state_dict. Every parameter is moved away from its initial value first (norm weights of ones,
     zero biases), so that a kernel ignoring one would show."""
     torch.manual_seed(seed)
-    anemoi_module = ANEMOI_CLASSES[case.kind](**case.arguments("pyg"))
+    anemoi_module = ANEMOI_CLASSES[case.kind](**case.arguments(anemoi_backend))
     with torch.no_grad():
         for p in anemoi_module.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -145,18 +149,23 @@ class Inputs:
         return [*self.x, self.edge_attr]
 
 
-def make_inputs(case: Case, device: torch.device, seed: int = 1) -> Inputs:
+def make_inputs(case: Case, device: torch.device, seed: int = 1, graph=None) -> Inputs:
+    """Inputs on B copies of ``graph`` ((edge_index [2, M] sorted by destination, num_src, num_dst)), by
+    default a random one of GRAPH_SIZES[case.kind]."""
     generator = torch.Generator().manual_seed(seed)
-    num_src, num_dst = GRAPH_SIZES[case.kind]
-    one_copy = random_edges(num_src, num_dst, generator)
+    if graph is None:
+        num_src, num_dst = GRAPH_SIZES[case.kind]
+        one_copy = random_edges(num_src, num_dst, generator)
+    else:
+        one_copy, num_src, num_dst = graph
     offsets = torch.tensor([[num_src], [num_dst]])
     edge_index = torch.cat([one_copy + b * offsets for b in range(case.batch)], dim=1)
     edge_attr = torch.randn(edge_index.shape[1], EDGE_DIM, generator=generator)
     b = case.batch
     if case.kind == "processor":
-        x = (torch.randn(b * num_dst, HIDDEN_CHANNELS, generator=generator),)
+        x = (torch.randn(b * num_dst, case.channels, generator=generator),)
     else:
-        src_channels = DATA_CHANNELS if case.kind == "encoder" else HIDDEN_CHANNELS
+        src_channels = DATA_CHANNELS if case.kind == "encoder" else case.channels
         x = (
             torch.randn(b * num_src, src_channels, generator=generator),
             torch.randn(b * num_dst, COORD_CHANNELS, generator=generator),
