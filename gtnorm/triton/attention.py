@@ -59,19 +59,9 @@ def graph_transformer_attention(
     params.update(k_norm_weight=k_norm_weight, k_norm_bias=k_norm_bias)
     _check_inputs(query, key, value, edge_attr, layout, kind, params)
     eps_q, eps_k = resolve_norm_eps(eps, kind, query.dtype, key.dtype)
-    if kind == "layer" or q_norm_bias is not None or k_norm_bias is not None or eps_q != eps_k:
-        raise NotImplementedError("qk_norm='layer' and separate eps for q and k: the kernels are not there yet")
-    out, _ = graph_attention_forward(
-        query.contiguous(),
-        key.contiguous(),
-        value.contiguous(),
-        edge_attr.contiguous() if edge_attr is not None else None,
-        q_norm_weight.contiguous() if q_norm_weight is not None else None,
-        k_norm_weight.contiguous() if k_norm_weight is not None else None,
-        *layout.tensors(),
-        kind == "rms",
-        eps_q,
-    )
+    operands = [t.contiguous() if t is not None else None for t in (query, key, value, edge_attr)]
+    norm_params = [p.contiguous() if p is not None else None for p in params.values()]
+    out, _ = graph_attention_forward(*operands, *norm_params, *layout.tensors(), kind or "none", eps_q, eps_k)
     return out
 
 

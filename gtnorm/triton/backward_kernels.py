@@ -1,6 +1,6 @@
-"""Backward of the graph-transformer attention in two passes, each RMSNorm-aware.
+"""Backward of the graph-transformer attention in two passes, each aware of the Q/K norm (RMSNorm or LayerNorm).
 
-Notation per head: q' = rmsnorm(q) * w_q, k' = rmsnorm(k) * w_k, s_ij = <q'_i, k'_j + e_ij> / sqrt(C),
+Notation per head: q' = norm(q) * w_q (+ b_q), k' = norm(k) * w_k (+ b_k), s_ij = <q'_i, k'_j + e_ij> / sqrt(C),
 a_ij = softmax_j(s_ij), out_i = sum_j a_ij (v_j + e_ij), dO = dL/dout.
 
 Each pass walks, per program, one contiguous stretch of edges that holds a run of consecutive node slots
@@ -20,19 +20,23 @@ Pass 1, by destination:
 Pass 2, by source:
     dS_ij = a_ij (da_ij - D_i),  dv_j = sum_i a_ij dO_i,  dk'_j = sum_i dS_ij q'_i / sqrt(C),
     de_ij = a_ij dO_i + dS_ij q'_i / sqrt(C)   (written in the caller's edge order).
-Each pass finishes a node with the RMSNorm backward of its row (from the raw q or k and a recomputed rstd) and
-adds that row's weight-gradient terms to an fp32 partial row of its own; the host sums the partial rows
-in a fixed order, so the weight gradients are bitwise reproducible.
+Each pass finishes a node with the norm's backward of its row (from the raw q or k and recomputed statistics:
+rstd, and the mean for LayerNorm) and adds that row's weight and bias gradient terms to an fp32 partial row of its
+own ([weight | bias] columns, one row per program); the host sums the partial rows in a fixed order, so the
+parameter gradients are bitwise reproducible.
 """
 
 import triton
 import triton.language as tl
 
-from gtnorm.rmsnorm.math import rms_norm_backward, rms_norm_rstd
 from gtnorm.triton.tiles import (
-    load_norm_weight,
+    NORM_NONE,
+    load_norm_param,
     load_row,
+    norm_apply,
+    norm_stats,
     normalize_heads,
+    normalize_heads_backward,
     program_edge_run,
     row_tile_offsets,
     store_row,
@@ -43,30 +47,31 @@ from gtnorm.triton.tiles import (
 
 @triton.jit
 def _by_destination_step(
-    delta, shift, a_sum, acc_a, acc_b, rstd_q, grad_w_q, pos, start, end, query_ptr, key_ptr, value_ptr, edge_attr_ptr,
-    csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr, grad_query_ptr, attn_ptr, grad_attn_ptr,
-    delta_ptr, w_q, w_k, offsets, mask, offs_h, H, row_len, C, score_scale, sm_scale, eps,
-    HAS_EDGE_ATTR: tl.constexpr, QK_NORM: tl.constexpr, HAS_Q_WEIGHT: tl.constexpr,
+    delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, pos, start, end, query_ptr, key_ptr,
+    value_ptr, edge_attr_ptr, csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr, grad_query_ptr,
+    attn_ptr, grad_attn_ptr, delta_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, H, row_len, C, score_scale,
+    sm_scale, eps_q, eps_k, HAS_EDGE_ATTR: tl.constexpr, NORM: tl.constexpr, HAS_Q_WEIGHT: tl.constexpr,
+    HAS_Q_BIAS: tl.constexpr,
 ):
     """Folds the edge at by-destination position pos into its node's sums (delta = sum a (da - shift), a_sum,
     A, B; [BLOCK_H] or [BLOCK_H, BLOCK_C]) and stores its a and da; at the node's last edge, writes dq and D.
-    rstd_q [BLOCK_H, 1] is the node's query rstd, set at its first edge."""
+    mean_q and rstd_q [BLOCK_H, 1] are the node's query statistics, set at its first edge."""
     node, first, last = walk_position(csc_dst_ptr, pos, start, end)
     src = tl.load(csc_src_ptr + pos)
     edge_id = tl.load(csc_edge_id_ptr + pos)
     head_mask = offs_h < H
     # The destination's rows are re-read at every edge (cache hits after the first): holding them across
     # edges would need loads inside a branch, which the pipeliner cannot prefetch. The query's rstd is
-    # carried instead: its reduction over C runs once per node, not once per edge.
+    # carried instead (with LayerNorm's mean): their reductions over C run once per node, not once per edge.
     q_raw = load_row(query_ptr, node, offsets, mask, row_len)
     q = q_raw
-    if QK_NORM:
+    if NORM != NORM_NONE:
         if first:
-            rstd_q = rms_norm_rstd(q_raw, C, eps, 1)
-        q = q_raw * rstd_q * w_q[None, :]
+            mean_q, rstd_q = norm_stats(q_raw, mask, C, eps_q, NORM)
+        q = norm_apply(q_raw, mean_q, rstd_q, w_q[None, :], b_q[None, :], mask, NORM)
     d_out = load_row(grad_out_ptr, node, offsets, mask, row_len)
     lse = tl.load(lse_ptr + node.to(tl.int64) * H + offs_h, mask=head_mask, other=0.0)
-    k, _ = normalize_heads(load_row(key_ptr, src, offsets, mask, row_len), w_k, C, eps, QK_NORM)
+    k = normalize_heads(load_row(key_ptr, src, offsets, mask, row_len), w_k, b_k, mask, C, eps_k, NORM)
     v = load_row(value_ptr, src, offsets, mask, row_len)
     if HAS_EDGE_ATTR:
         e = load_row(edge_attr_ptr, edge_id, offsets, mask, row_len)
@@ -96,13 +101,16 @@ def _by_destination_step(
         # is sharp and a carries the rounding of large scores.
         node_delta = delta / a_sum
         grad_q = (acc_a - node_delta[:, None] * acc_b) * sm_scale
-        if QK_NORM:
+        if NORM != NORM_NONE:
+            grad_q_norm = grad_q  # dL/dq', [BLOCK_H, BLOCK_C]
+            grad_q, q_hat = normalize_heads_backward(q_raw, mean_q, rstd_q, w_q[None, :], grad_q_norm, mask, C, NORM)
             if HAS_Q_WEIGHT:
-                grad_w_q += tl.sum(grad_q * q_raw * rstd_q, axis=0)
-            grad_q = rms_norm_backward(q_raw, rstd_q, w_q[None, :], grad_q, C, 1)
+                grad_w_q += tl.sum(grad_q_norm * q_hat, axis=0)
+            if HAS_Q_BIAS:
+                grad_b_q += tl.sum(grad_q_norm, axis=0)
         store_row(grad_query_ptr, node, offsets, mask, row_len, grad_q)
         tl.store(delta_ptr + node.to(tl.int64) * H + offs_h, node_delta + shift, mask=head_mask)
-    return delta, shift, a_sum, acc_a, acc_b, rstd_q, grad_w_q
+    return delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q
 
 
 @triton.jit
@@ -112,7 +120,9 @@ def edge_softmax_backward_by_destination_kernel(
     value_ptr,  # [N_src, H, C]
     edge_attr_ptr,  # [M, H, C] caller's edge order (unused without HAS_EDGE_ATTR)
     q_weight_ptr,  # [C]
+    q_bias_ptr,  # [C]
     k_weight_ptr,  # [C]
+    k_bias_ptr,  # [C]
     dst_offsets_ptr,  # [N_dst + 1] int32, by slot
     csc_dst_ptr,  # [M] int32
     csc_src_ptr,  # [M] int32
@@ -123,18 +133,22 @@ def edge_softmax_backward_by_destination_kernel(
     attn_ptr,  # [M, H] fp32 out: a, by caller's edge id
     grad_attn_ptr,  # [M, H] fp32 out: da = <dO, v + e>, by caller's edge id
     delta_ptr,  # [N_dst, H] fp32 out: D
-    q_weight_grad_partial_ptr,  # [programs, C] fp32 out, a row per program (unused without the weight)
+    q_param_grad_partial_ptr,  # [programs, partial_width] fp32 out: [weight | bias] columns, a row per program
+    q_partial_width,  # C for each of the query norm's weight and bias that exists
     num_slots,  # destinations with edges (they hold the first slots)
     nodes_per_program,
     H,
     C,
     score_scale,  # log2(e) / sqrt(C): the forward's log2-domain scores
     sm_scale,  # 1 / sqrt(C)
-    eps,
+    eps_q,
+    eps_k,
     HAS_EDGE_ATTR: tl.constexpr,
-    QK_NORM: tl.constexpr,
+    NORM: tl.constexpr,  # tiles.NORM_NONE / NORM_RMS / NORM_LAYER
     HAS_Q_WEIGHT: tl.constexpr,
+    HAS_Q_BIAS: tl.constexpr,
     HAS_K_WEIGHT: tl.constexpr,
+    HAS_K_BIAS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr,
     NUM_STAGES: tl.constexpr,
@@ -142,49 +156,69 @@ def edge_softmax_backward_by_destination_kernel(
     row_len = H * C
     # Heads are independent (the norm is per head), so a program may take a group of BLOCK_H of them.
     offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
-    w_q = load_norm_weight(q_weight_ptr, C, HAS_Q_WEIGHT, BLOCK_C)
-    w_k = load_norm_weight(k_weight_ptr, C, HAS_K_WEIGHT, BLOCK_C)
+    w_q = load_norm_param(q_weight_ptr, C, HAS_Q_WEIGHT, 1.0, BLOCK_C)
+    b_q = load_norm_param(q_bias_ptr, C, HAS_Q_BIAS, 0.0, BLOCK_C)
+    w_k = load_norm_param(k_weight_ptr, C, HAS_K_WEIGHT, 1.0, BLOCK_C)
+    b_k = load_norm_param(k_bias_ptr, C, HAS_K_BIAS, 0.0, BLOCK_C)
     start, end = program_edge_run(dst_offsets_ptr, nodes_per_program, num_slots)
 
     grad_w_q = tl.zeros([BLOCK_C], tl.float32)
+    grad_b_q = tl.zeros([BLOCK_C], tl.float32)
     delta = tl.zeros([BLOCK_H], tl.float32)
     shift = tl.zeros([BLOCK_H], tl.float32)
     a_sum = tl.zeros([BLOCK_H], tl.float32)
     acc_a = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
     acc_b = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
+    mean_q = tl.zeros([BLOCK_H, 1], tl.float32)
     rstd_q = tl.full([BLOCK_H, 1], 1.0, tl.float32)
     if NUM_STAGES > 0:
         for pos in tl.range(start, end, num_stages=NUM_STAGES):
-            delta, shift, a_sum, acc_a, acc_b, rstd_q, grad_w_q = _by_destination_step(
-                delta, shift, a_sum, acc_a, acc_b, rstd_q, grad_w_q, pos, start, end, query_ptr, key_ptr, value_ptr,
-                edge_attr_ptr, csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr, grad_query_ptr,
-                attn_ptr, grad_attn_ptr, delta_ptr, w_q, w_k, offsets, mask, offs_h, H, row_len, C, score_scale,
-                sm_scale, eps, HAS_EDGE_ATTR, QK_NORM, HAS_Q_WEIGHT,
+            delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q = _by_destination_step(
+                delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, pos, start, end, query_ptr,
+                key_ptr, value_ptr, edge_attr_ptr, csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr,
+                grad_query_ptr, attn_ptr, grad_attn_ptr, delta_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, H,
+                row_len, C, score_scale, sm_scale, eps_q, eps_k, HAS_EDGE_ATTR, NORM, HAS_Q_WEIGHT, HAS_Q_BIAS,
             )  # fmt: skip
     else:
         # The interpreter of older Triton cannot take loaded loop bounds in range(); a while loop it can.
         pos = start
         while pos < end:
-            delta, shift, a_sum, acc_a, acc_b, rstd_q, grad_w_q = _by_destination_step(
-                delta, shift, a_sum, acc_a, acc_b, rstd_q, grad_w_q, pos, start, end, query_ptr, key_ptr, value_ptr,
-                edge_attr_ptr, csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr, grad_query_ptr,
-                attn_ptr, grad_attn_ptr, delta_ptr, w_q, w_k, offsets, mask, offs_h, H, row_len, C, score_scale,
-                sm_scale, eps, HAS_EDGE_ATTR, QK_NORM, HAS_Q_WEIGHT,
+            delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q = _by_destination_step(
+                delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, pos, start, end, query_ptr,
+                key_ptr, value_ptr, edge_attr_ptr, csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr,
+                grad_query_ptr, attn_ptr, grad_attn_ptr, delta_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, H,
+                row_len, C, score_scale, sm_scale, eps_q, eps_k, HAS_EDGE_ATTR, NORM, HAS_Q_WEIGHT, HAS_Q_BIAS,
             )  # fmt: skip
             pos += 1
 
-    if QK_NORM and HAS_Q_WEIGHT:
-        offs_c = tl.arange(0, BLOCK_C)
-        partial_row = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        tl.store(q_weight_grad_partial_ptr + partial_row.to(tl.int64) * C + offs_c, grad_w_q, mask=offs_c < C)
+    if NORM != NORM_NONE:
+        _store_param_grad_partial(
+            q_param_grad_partial_ptr, q_partial_width, grad_w_q, grad_b_q, C, HAS_Q_WEIGHT, HAS_Q_BIAS, BLOCK_C
+        )
+
+
+@triton.jit
+def _store_param_grad_partial(
+    partial_ptr, partial_width, grad_w, grad_b, C, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """This program's row of the parameter-gradient partials: the weight's C columns, then the bias's (each only
+    where the norm has it), so that one fixed-order column sum on the host serves both."""
+    offs_c = tl.arange(0, BLOCK_C)
+    partial_row = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    row_ptr = partial_ptr + partial_row.to(tl.int64) * partial_width
+    if HAS_WEIGHT:
+        tl.store(row_ptr + offs_c, grad_w, mask=offs_c < C)
+    if HAS_BIAS:
+        tl.store(row_ptr + (partial_width - C) + offs_c, grad_b, mask=offs_c < C)
 
 
 @triton.jit
 def _by_source_step(
-    grad_v, grad_k, grad_w_k, pos, start, end, query_ptr, key_ptr, csr_src_ptr, csr_dst_ptr, csr_edge_id_ptr,
-    grad_out_ptr, attn_ptr, grad_attn_ptr, delta_ptr, grad_key_ptr, grad_value_ptr, grad_edge_attr_ptr, w_q, w_k,
-    offsets, mask, offs_h, H, row_len, C, sm_scale, eps, HAS_EDGE_ATTR: tl.constexpr, QK_NORM: tl.constexpr,
-    HAS_K_WEIGHT: tl.constexpr,
+    grad_v, grad_k, grad_w_k, grad_b_k, pos, start, end, query_ptr, key_ptr, csr_src_ptr, csr_dst_ptr,
+    csr_edge_id_ptr, grad_out_ptr, attn_ptr, grad_attn_ptr, delta_ptr, grad_key_ptr, grad_value_ptr,
+    grad_edge_attr_ptr, w_q, b_q, w_k, offsets, mask, offs_h, H, row_len, C, sm_scale, eps_q, eps_k,
+    HAS_EDGE_ATTR: tl.constexpr, NORM: tl.constexpr, HAS_K_WEIGHT: tl.constexpr, HAS_K_BIAS: tl.constexpr,
 ):
     """Adds the edge at by-source position pos to its source's dv and dk' [BLOCK_H, BLOCK_C] and writes its de;
     at the source's last edge, writes its dk and dv."""
@@ -197,7 +231,7 @@ def _by_source_step(
     da = tl.load(grad_attn_ptr + edge_head, mask=head_mask, other=0.0)
     delta = tl.load(delta_ptr + dst.to(tl.int64) * H + offs_h, mask=head_mask, other=0.0)
     d_out = load_row(grad_out_ptr, dst, offsets, mask, row_len)
-    q, _ = normalize_heads(load_row(query_ptr, dst, offsets, mask, row_len), w_q, C, eps, QK_NORM)
+    q = normalize_heads(load_row(query_ptr, dst, offsets, mask, row_len), w_q, b_q, mask, C, eps_q, NORM)
     grad_s = a * (da - delta)  # [BLOCK_H]
     a_d_out = a[:, None] * d_out
     grad_s_q = grad_s[:, None] * q * sm_scale
@@ -205,20 +239,22 @@ def _by_source_step(
     grad_k = tl.where(first, 0.0, grad_k) + grad_s_q
     if HAS_EDGE_ATTR:
         store_streamed_row(grad_edge_attr_ptr, edge_id, offsets, mask, row_len, a_d_out + grad_s_q)
-    if QK_NORM:
+    if NORM != NORM_NONE:
         # Loaded outside the branch so that the pipeliner prefetches it, masked so that only a node's last edge
         # moves bytes (tl.where: the interpreter cannot AND a block mask with a scalar flag).
         k_raw = load_row(key_ptr, node, offsets, tl.where(last, mask, False), row_len)
     if last:
         grad_key = grad_k
-        if QK_NORM:
-            rstd_k = rms_norm_rstd(k_raw, C, eps, 1)
+        if NORM != NORM_NONE:
+            mean_k, rstd_k = norm_stats(k_raw, mask, C, eps_k, NORM)
+            grad_key, k_hat = normalize_heads_backward(k_raw, mean_k, rstd_k, w_k[None, :], grad_k, mask, C, NORM)
             if HAS_K_WEIGHT:
-                grad_w_k += grad_k * k_raw * rstd_k
-            grad_key = rms_norm_backward(k_raw, rstd_k, w_k[None, :], grad_k, C, 1)
+                grad_w_k += grad_k * k_hat
+            if HAS_K_BIAS:
+                grad_b_k += grad_k
         store_streamed_row(grad_key_ptr, node, offsets, mask, row_len, grad_key)
         store_streamed_row(grad_value_ptr, node, offsets, mask, row_len, grad_v)
-    return grad_v, grad_k, grad_w_k
+    return grad_v, grad_k, grad_w_k, grad_b_k
 
 
 @triton.jit
@@ -226,6 +262,7 @@ def edge_softmax_backward_by_source_kernel(
     query_ptr,  # [N_dst, H, C]
     key_ptr,  # [N_src, H, C]
     q_weight_ptr,  # [C]
+    q_bias_ptr,  # [C]
     k_weight_ptr,  # [C]
     src_offsets_ptr,  # [N_src + 1] int32, by slot
     csr_src_ptr,  # [M] int32
@@ -238,53 +275,59 @@ def edge_softmax_backward_by_source_kernel(
     grad_key_ptr,  # [N_src, H, C] out; rows of nodes without edges are left to the caller
     grad_value_ptr,  # [N_src, H, C] out, likewise
     grad_edge_attr_ptr,  # [M, H, C] caller's edge order (unused without HAS_EDGE_ATTR)
-    k_weight_grad_partial_ptr,  # [programs, C] fp32 out, a row per program (unused without the weight)
+    k_param_grad_partial_ptr,  # [programs, partial_width] fp32 out: [weight | bias] columns, a row per program
+    k_partial_width,  # C for each of the key norm's weight and bias that exists
     num_slots,  # sources with edges (they hold the first slots)
     nodes_per_program,
     H,
     C,
     sm_scale,  # 1 / sqrt(C)
-    eps,
+    eps_q,
+    eps_k,
     HAS_EDGE_ATTR: tl.constexpr,
-    QK_NORM: tl.constexpr,
+    NORM: tl.constexpr,  # tiles.NORM_NONE / NORM_RMS / NORM_LAYER
     HAS_Q_WEIGHT: tl.constexpr,
+    HAS_Q_BIAS: tl.constexpr,
     HAS_K_WEIGHT: tl.constexpr,
+    HAS_K_BIAS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
     row_len = H * C
     offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
-    w_q = load_norm_weight(q_weight_ptr, C, HAS_Q_WEIGHT, BLOCK_C)
-    w_k = load_norm_weight(k_weight_ptr, C, HAS_K_WEIGHT, BLOCK_C)
+    w_q = load_norm_param(q_weight_ptr, C, HAS_Q_WEIGHT, 1.0, BLOCK_C)
+    b_q = load_norm_param(q_bias_ptr, C, HAS_Q_BIAS, 0.0, BLOCK_C)
+    w_k = load_norm_param(k_weight_ptr, C, HAS_K_WEIGHT, 1.0, BLOCK_C)
     start, end = program_edge_run(src_offsets_ptr, nodes_per_program, num_slots)
 
     # Per head and channel: summed over the heads once per program, not at every source (sources of the encoders
     # have 1.6 edges), which measured 1 % faster there and took 26 fewer registers (NOTES v5).
     grad_w_k = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
+    grad_b_k = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
     grad_v = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
     grad_k = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
     if NUM_STAGES > 0:
         for pos in tl.range(start, end, num_stages=NUM_STAGES):
-            grad_v, grad_k, grad_w_k = _by_source_step(
-                grad_v, grad_k, grad_w_k, pos, start, end, query_ptr, key_ptr, csr_src_ptr, csr_dst_ptr,
+            grad_v, grad_k, grad_w_k, grad_b_k = _by_source_step(
+                grad_v, grad_k, grad_w_k, grad_b_k, pos, start, end, query_ptr, key_ptr, csr_src_ptr, csr_dst_ptr,
                 csr_edge_id_ptr, grad_out_ptr, attn_ptr, grad_attn_ptr, delta_ptr, grad_key_ptr, grad_value_ptr,
-                grad_edge_attr_ptr, w_q, w_k, offsets, mask, offs_h, H, row_len, C, sm_scale, eps, HAS_EDGE_ATTR,
-                QK_NORM, HAS_K_WEIGHT,
+                grad_edge_attr_ptr, w_q, b_q, w_k, offsets, mask, offs_h, H, row_len, C, sm_scale, eps_q, eps_k,
+                HAS_EDGE_ATTR, NORM, HAS_K_WEIGHT, HAS_K_BIAS,
             )  # fmt: skip
     else:
         pos = start
         while pos < end:
-            grad_v, grad_k, grad_w_k = _by_source_step(
-                grad_v, grad_k, grad_w_k, pos, start, end, query_ptr, key_ptr, csr_src_ptr, csr_dst_ptr,
+            grad_v, grad_k, grad_w_k, grad_b_k = _by_source_step(
+                grad_v, grad_k, grad_w_k, grad_b_k, pos, start, end, query_ptr, key_ptr, csr_src_ptr, csr_dst_ptr,
                 csr_edge_id_ptr, grad_out_ptr, attn_ptr, grad_attn_ptr, delta_ptr, grad_key_ptr, grad_value_ptr,
-                grad_edge_attr_ptr, w_q, w_k, offsets, mask, offs_h, H, row_len, C, sm_scale, eps, HAS_EDGE_ATTR,
-                QK_NORM, HAS_K_WEIGHT,
+                grad_edge_attr_ptr, w_q, b_q, w_k, offsets, mask, offs_h, H, row_len, C, sm_scale, eps_q, eps_k,
+                HAS_EDGE_ATTR, NORM, HAS_K_WEIGHT, HAS_K_BIAS,
             )  # fmt: skip
             pos += 1
 
-    if QK_NORM and HAS_K_WEIGHT:
-        offs_c = tl.arange(0, BLOCK_C)
-        partial_row = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        grad_w_k = tl.sum(grad_w_k, axis=0)
-        tl.store(k_weight_grad_partial_ptr + partial_row.to(tl.int64) * C + offs_c, grad_w_k, mask=offs_c < C)
+    if NORM != NORM_NONE:
+        _store_param_grad_partial(
+            k_param_grad_partial_ptr, k_partial_width, tl.sum(grad_w_k, axis=0), tl.sum(grad_b_k, axis=0), C,
+            HAS_K_WEIGHT, HAS_K_BIAS, BLOCK_C,
+        )  # fmt: skip

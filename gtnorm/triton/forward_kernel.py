@@ -1,4 +1,4 @@
-"""Forward of the graph-transformer attention, RMSNorm of Q and K fused into their loads.
+"""Forward of the graph-transformer attention, the norm of Q and K (RMSNorm or LayerNorm) fused into their loads.
 
 One program per destination slot (GraphLayout's visiting order) and group of BLOCK_H heads: the node's query
 row is loaded and normalised once, then its incoming edges are walked one per step with an online softmax.
@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from gtnorm.triton.tiles import (
-    load_norm_weight,
+    load_norm_param,
     load_row,
     normalize_heads,
     row_tile_offsets,
@@ -21,13 +21,13 @@ from gtnorm.triton.tiles import (
 
 @triton.jit
 def _online_softmax_step(
-    q, m, denom, acc, w_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr, offsets, mask,
-    row_len, C, score_scale, eps, HAS_EDGE_ATTR: tl.constexpr, QK_NORM: tl.constexpr,
+    q, m, denom, acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr, offsets,
+    mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR: tl.constexpr, NORM: tl.constexpr,
 ):
     """Folds the edge at by-destination position pos into the running max m [BLOCK_H], denominator [BLOCK_H]
     and accumulator [BLOCK_H, BLOCK_C] of the online softmax; q is the normalised query [BLOCK_H, BLOCK_C]."""
     src = tl.load(csc_src_ptr + pos)
-    k, _ = normalize_heads(load_row(key_ptr, src, offsets, mask, row_len), w_k, C, eps, QK_NORM)
+    k = normalize_heads(load_row(key_ptr, src, offsets, mask, row_len), w_k, b_k, mask, C, eps_k, NORM)
     v = load_row(value_ptr, src, offsets, mask, row_len)
     if HAS_EDGE_ATTR:
         e = load_row(edge_attr_ptr, tl.load(csc_edge_id_ptr + pos), offsets, mask, row_len)
@@ -43,8 +43,8 @@ def _online_softmax_step(
 @triton.jit
 def _attend_node(
     slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr,
-    csc_edge_id_ptr, out_ptr, lse_ptr, w_q, w_k, offsets, mask, offs_h, H, C, score_scale, eps,
-    HAS_EDGE_ATTR: tl.constexpr, QK_NORM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+    csc_edge_id_ptr, out_ptr, lse_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, H, C, score_scale, eps_q, eps_k,
+    HAS_EDGE_ATTR: tl.constexpr, NORM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
     """Output row and lse of the destination in ``slot`` (which has edges)."""
@@ -53,7 +53,7 @@ def _attend_node(
     node = tl.load(dst_by_slot_ptr + slot)
     start = tl.load(dst_offsets_ptr + slot)
     end = tl.load(dst_offsets_ptr + slot + 1)
-    q, _ = normalize_heads(load_row(query_ptr, node, offsets, mask, row_len), w_q, C, eps, QK_NORM)
+    q = normalize_heads(load_row(query_ptr, node, offsets, mask, row_len), w_q, b_q, mask, C, eps_q, NORM)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
@@ -62,16 +62,16 @@ def _attend_node(
         # while this step computes; that pays on nodes with many edges (config.py).
         for pos in tl.range(start, end, num_stages=NUM_STAGES):
             m, denom, acc = _online_softmax_step(
-                q, m, denom, acc, w_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
-                offsets, mask, row_len, C, score_scale, eps, HAS_EDGE_ATTR, QK_NORM,
+                q, m, denom, acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
+                offsets, mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR, NORM,
             )  # fmt: skip
     else:
         # The interpreter of older Triton cannot take loaded loop bounds in range(); a while loop it can.
         pos = start
         while pos < end:
             m, denom, acc = _online_softmax_step(
-                q, m, denom, acc, w_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
-                offsets, mask, row_len, C, score_scale, eps, HAS_EDGE_ATTR, QK_NORM,
+                q, m, denom, acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
+                offsets, mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR, NORM,
             )  # fmt: skip
             pos += 1
     store_row(out_ptr, node, offsets, mask, row_len, acc / denom[:, None])
@@ -85,7 +85,9 @@ def graph_attention_forward_kernel(
     value_ptr,  # [N_src, H, C]
     edge_attr_ptr,  # [M, H, C] in the caller's edge order (unused without HAS_EDGE_ATTR)
     q_weight_ptr,  # [C] (unused without HAS_Q_WEIGHT)
+    q_bias_ptr,  # [C] (unused without HAS_Q_BIAS)
     k_weight_ptr,  # [C] (unused without HAS_K_WEIGHT)
+    k_bias_ptr,  # [C] (unused without HAS_K_BIAS)
     dst_offsets_ptr,  # [N_dst + 1] int32, by slot
     dst_by_slot_ptr,  # [N_dst] int32
     csc_src_ptr,  # [M] int32
@@ -97,19 +99,24 @@ def graph_attention_forward_kernel(
     H,
     C,
     score_scale,  # log2(e) / sqrt(C)
-    eps,
+    eps_q,
+    eps_k,
     HAS_EDGE_ATTR: tl.constexpr,
-    QK_NORM: tl.constexpr,
+    NORM: tl.constexpr,  # tiles.NORM_NONE / NORM_RMS / NORM_LAYER
     HAS_Q_WEIGHT: tl.constexpr,
+    HAS_Q_BIAS: tl.constexpr,
     HAS_K_WEIGHT: tl.constexpr,
+    HAS_K_BIAS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
     # Heads are independent (the norm is per head), so a program may take a group of BLOCK_H of them.
     offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
-    w_q = load_norm_weight(q_weight_ptr, C, HAS_Q_WEIGHT, BLOCK_C)
-    w_k = load_norm_weight(k_weight_ptr, C, HAS_K_WEIGHT, BLOCK_C)
+    w_q = load_norm_param(q_weight_ptr, C, HAS_Q_WEIGHT, 1.0, BLOCK_C)
+    b_q = load_norm_param(q_bias_ptr, C, HAS_Q_BIAS, 0.0, BLOCK_C)
+    w_k = load_norm_param(k_weight_ptr, C, HAS_K_WEIGHT, 1.0, BLOCK_C)
+    b_k = load_norm_param(k_bias_ptr, C, HAS_K_BIAS, 0.0, BLOCK_C)
     if NUM_STAGES > 1:
         # Pipelined kernels walk a run of slots in a loop: even for runs of one slot this form measured 4-7 %
         # faster on the encoders than the plain one (benchmarks/NOTES.md, v3); the unpipelined (low-degree)
@@ -119,13 +126,13 @@ def graph_attention_forward_kernel(
         while slot < last_slot:
             _attend_node(
                 slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr,
-                csc_edge_id_ptr, out_ptr, lse_ptr, w_q, w_k, offsets, mask, offs_h, H, C, score_scale, eps,
-                HAS_EDGE_ATTR, QK_NORM, BLOCK_H, BLOCK_C, NUM_STAGES,
+                csc_edge_id_ptr, out_ptr, lse_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, H, C, score_scale,
+                eps_q, eps_k, HAS_EDGE_ATTR, NORM, BLOCK_H, BLOCK_C, NUM_STAGES,
             )  # fmt: skip
             slot += 1
     else:
         _attend_node(
             tl.program_id(0), query_ptr, key_ptr, value_ptr, edge_attr_ptr, dst_offsets_ptr, dst_by_slot_ptr,
-            csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr, w_q, w_k, offsets, mask, offs_h, H, C, score_scale, eps,
-            HAS_EDGE_ATTR, QK_NORM, BLOCK_H, BLOCK_C, NUM_STAGES,
+            csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, H, C,
+            score_scale, eps_q, eps_k, HAS_EDGE_ATTR, NORM, BLOCK_H, BLOCK_C, NUM_STAGES,
         )  # fmt: skip

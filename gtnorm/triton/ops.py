@@ -22,6 +22,9 @@ from gtnorm.triton.forward_kernel import graph_attention_forward_kernel
 from gtnorm.triton.partial_sum_kernel import column_sum_kernel
 
 LOG2E = 1.4426950408889634
+# The ops' ``qk_norm`` names -> the kernels' NORM constexpr (tiles.NORM_NONE / NORM_RMS / NORM_LAYER).
+NORM_CODES = {"none": 0, "rms": 1, "layer": 2}
+
 
 
 @torch.library.custom_op("gtnorm::graph_attention_forward", mutates_args=())
@@ -31,7 +34,9 @@ def graph_attention_forward(
     value: Tensor,  # [N_src, H, C]
     edge_attr: Tensor | None,  # [M, H, C]
     q_norm_weight: Tensor | None,  # [C]
+    q_norm_bias: Tensor | None,  # [C]
     k_norm_weight: Tensor | None,  # [C]
+    k_norm_bias: Tensor | None,  # [C]
     dst_offsets: Tensor,  # [N_dst + 1] int32, by slot
     dst_by_slot: Tensor,  # [N_dst] int32
     csc_dst: Tensor,  # [M] int32 (for the backward)
@@ -43,10 +48,11 @@ def graph_attention_forward(
     csr_dst: Tensor,  # [M] int32 (for the backward)
     csr_edge_id: Tensor,  # [M] int32 (for the backward)
     src_without_edges: Tensor,  # [K_src] int64 (for the backward)
-    qk_norm: bool,
-    eps: float,
+    qk_norm: str,  # "none", "rms" or "layer"
+    eps_q: float,
+    eps_k: float,
 ) -> tuple[Tensor, Tensor]:
-    """Returns (out [N_dst, H, C], lse [N_dst, H] fp32 log2-sum-exp2 of the scores)."""
+    """Returns (out [N_dst, H, C] in query's dtype, lse [N_dst, H] fp32 log2-sum-exp2 of the scores)."""
     num_dst, num_heads, head_dim = query.shape
     out = new_output(query.shape, query.dtype, query.device)
     lse = new_output((num_dst, num_heads), torch.float32, query.device)
@@ -66,15 +72,12 @@ def graph_attention_forward(
         graph_attention_forward_kernel[(triton.cdiv(busy_slots, nodes_per_program), fwd.head_groups)](
             query, key, value,
             edge_attr if edge_attr is not None else query,
-            q_norm_weight if q_norm_weight is not None else query,
-            k_norm_weight if k_norm_weight is not None else query,
+            *_or(query, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias),
             dst_offsets, dst_by_slot, csc_src, csc_edge_id,
             out, lse,
-            busy_slots, nodes_per_program, num_heads, head_dim, LOG2E / math.sqrt(head_dim), eps,
+            busy_slots, nodes_per_program, num_heads, head_dim, LOG2E / math.sqrt(head_dim), eps_q, eps_k,
             HAS_EDGE_ATTR=edge_attr is not None,
-            QK_NORM=qk_norm,
-            HAS_Q_WEIGHT=q_norm_weight is not None,
-            HAS_K_WEIGHT=k_norm_weight is not None,
+            **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias),
             BLOCK_H=fwd.block_h, BLOCK_C=launch.block_c, NUM_STAGES=num_stages, num_warps=fwd.num_warps,
             **fwd.compile_options(),
         )  # fmt: skip
@@ -82,7 +85,7 @@ def graph_attention_forward(
 
 
 @graph_attention_forward.register_fake
-def _(query, key, value, edge_attr, q_norm_weight, k_norm_weight, *layout_and_flags):
+def _(query, key, value, edge_attr, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias, *layout_and_flags):
     return torch.empty_like(query), query.new_empty(query.shape[:2], dtype=torch.float32)
 
 
@@ -94,7 +97,9 @@ def graph_attention_backward(
     value: Tensor,  # [N_src, H, C]
     edge_attr: Tensor | None,  # [M, H, C]
     q_norm_weight: Tensor | None,  # [C]
+    q_norm_bias: Tensor | None,  # [C]
     k_norm_weight: Tensor | None,  # [C]
+    k_norm_bias: Tensor | None,  # [C]
     lse: Tensor,  # [N_dst, H] fp32
     dst_offsets: Tensor,  # [N_dst + 1] int32, by slot
     dst_by_slot: Tensor,  # [N_dst] int32 (for the forward)
@@ -107,10 +112,12 @@ def graph_attention_backward(
     csr_dst: Tensor,  # [M] int32
     csr_edge_id: Tensor,  # [M] int32
     src_without_edges: Tensor,  # [K_src] int64
-    qk_norm: bool,
-    eps: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Returns (dq, dk, dv, d_edge_attr, d_q_norm_weight, d_k_norm_weight); absent inputs get empty grads."""
+    qk_norm: str,  # "none", "rms" or "layer"
+    eps_q: float,
+    eps_k: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Returns (dq, dk, dv, d_edge_attr, d_q_norm_weight, d_q_norm_bias, d_k_norm_weight, d_k_norm_bias), each in
+    its input's dtype; absent inputs get empty fp32 grads."""
     num_dst, num_heads, head_dim = query.shape
     num_src = key.shape[0]
     num_edges = csc_src.numel()
@@ -134,48 +141,63 @@ def graph_attention_backward(
     src_per_program = by_src.nodes_per_program(num_edges / max(src_slots, 1))
     dst_programs = triton.cdiv(dst_slots, dst_per_program)
     src_programs = triton.cdiv(src_slots, src_per_program)
-    with_q_weight = qk_norm and q_norm_weight is not None
-    with_k_weight = qk_norm and k_norm_weight is not None
-    q_partial_rows = dst_programs * by_dst.head_groups if with_q_weight else 0
-    k_partial_rows = src_programs * by_src.head_groups if with_k_weight else 0
-    q_weight_partial = new_output((q_partial_rows, head_dim), torch.float32, device)
-    k_weight_partial = new_output((k_partial_rows, head_dim), torch.float32, device)
+    # One fp32 row per program: the weight's C columns, then the bias's, summed in a fixed order afterwards.
+    normed = qk_norm != "none"
+    q_params = [p for p in (q_norm_weight, q_norm_bias) if p is not None] if normed else []
+    k_params = [p for p in (k_norm_weight, k_norm_bias) if p is not None] if normed else []
+    q_partial_width, k_partial_width = len(q_params) * head_dim, len(k_params) * head_dim
+    q_partial = new_output((dst_programs * by_dst.head_groups, q_partial_width), torch.float32, device)
+    k_partial = new_output((src_programs * by_src.head_groups, k_partial_width), torch.float32, device)
     flags = dict(
         HAS_EDGE_ATTR=has_edge_attr,
-        QK_NORM=qk_norm,
-        HAS_Q_WEIGHT=q_norm_weight is not None,
-        HAS_K_WEIGHT=k_norm_weight is not None,
+        **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias),
         BLOCK_C=launch.block_c,
     )
-    q_weight = q_norm_weight if q_norm_weight is not None else query
-    k_weight = k_norm_weight if k_norm_weight is not None else query
+    q_weight, q_bias, k_weight, k_bias = _or(query, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias)
     sm_scale = 1.0 / math.sqrt(head_dim)
     with device_guard(device):
         _zero_rows((grad_query,), dst_without_edges)
         _zero_rows((grad_key, grad_value), src_without_edges)
         if dst_programs:
             edge_softmax_backward_by_destination_kernel[(dst_programs, by_dst.head_groups)](
-                query, key, value, edge_attr if has_edge_attr else query, q_weight, k_weight,
+                query, key, value, edge_attr if has_edge_attr else query, q_weight, q_bias, k_weight, k_bias,
                 dst_offsets, csc_dst, csc_src, csc_edge_id,
                 grad_out, lse,
-                grad_query, attn, grad_attn, delta, q_weight_partial,
-                dst_slots, dst_per_program, num_heads, head_dim, LOG2E * sm_scale, sm_scale, eps,
+                grad_query, attn, grad_attn, delta, q_partial, q_partial_width,
+                dst_slots, dst_per_program, num_heads, head_dim, LOG2E * sm_scale, sm_scale, eps_q, eps_k,
                 BLOCK_H=by_dst.block_h, NUM_STAGES=by_dst.num_stages, num_warps=by_dst.num_warps,
                 **by_dst.compile_options(), **flags,
             )  # fmt: skip
         if src_programs:
             edge_softmax_backward_by_source_kernel[(src_programs, by_src.head_groups)](
-                query, key, q_weight, k_weight,
+                query, key, q_weight, q_bias, k_weight,
                 src_offsets, csr_src, csr_dst, csr_edge_id,
                 grad_out, attn, grad_attn, delta,
-                grad_key, grad_value, grad_edge_attr if has_edge_attr else query, k_weight_partial,
-                src_slots, src_per_program, num_heads, head_dim, sm_scale, eps,
+                grad_key, grad_value, grad_edge_attr if has_edge_attr else query, k_partial, k_partial_width,
+                src_slots, src_per_program, num_heads, head_dim, sm_scale, eps_q, eps_k,
                 BLOCK_H=by_src.block_h, NUM_STAGES=by_src.num_stages, num_warps=by_src.num_warps,
                 **by_src.compile_options(), **flags,
             )  # fmt: skip
-        grad_q_weight = _weight_grad(q_norm_weight, q_weight_partial, with_q_weight, device)
-        grad_k_weight = _weight_grad(k_norm_weight, k_weight_partial, with_k_weight, device)
-    return grad_query, grad_key, grad_value, grad_edge_attr, grad_q_weight, grad_k_weight
+        grad_q_weight, grad_q_bias = _param_grads(q_norm_weight, q_norm_bias, q_partial, normed, device)
+        grad_k_weight, grad_k_bias = _param_grads(k_norm_weight, k_norm_bias, k_partial, normed, device)
+    return grad_query, grad_key, grad_value, grad_edge_attr, grad_q_weight, grad_q_bias, grad_k_weight, grad_k_bias
+
+
+def _or(fallback: Tensor, *tensors: Tensor | None) -> list[Tensor]:
+    """The kernels take a pointer for every optional tensor: absent ones (never read) become ``fallback``."""
+    return [t if t is not None else fallback for t in tensors]
+
+
+def _norm_flags(qk_norm: str, q_weight, q_bias, k_weight, k_bias) -> dict:
+    if qk_norm not in NORM_CODES:
+        raise ValueError(f"qk_norm must be one of {tuple(NORM_CODES)}, got {qk_norm!r}")
+    return dict(
+        NORM=NORM_CODES[qk_norm],
+        HAS_Q_WEIGHT=q_weight is not None,
+        HAS_Q_BIAS=q_bias is not None,
+        HAS_K_WEIGHT=k_weight is not None,
+        HAS_K_BIAS=k_bias is not None,
+    )
 
 
 def _zero_rows(tensors: tuple[Tensor, ...], rows: Tensor) -> None:
@@ -185,12 +207,19 @@ def _zero_rows(tensors: tuple[Tensor, ...], rows: Tensor) -> None:
             t.index_fill_(0, rows, 0)
 
 
-def _weight_grad(weight: Tensor | None, partial: Tensor, computed: bool, device) -> Tensor:
-    if weight is None:
-        return torch.empty(0, dtype=torch.float32, device=device)
-    if not computed:  # the weight exists but qk_norm is off: it took no part
-        return torch.zeros_like(weight)
-    return _column_sum(partial).to(weight.dtype)
+def _param_grads(weight: Tensor | None, bias: Tensor | None, partial: Tensor, computed: bool, device):
+    """(d weight, d bias) from the [weight | bias] partial rows: one column sum for both."""
+    sums = _column_sum(partial) if computed and partial.shape[1] else None
+    grads, column = [], 0
+    for param in (weight, bias):
+        if param is None:
+            grads.append(torch.empty(0, dtype=torch.float32, device=device))
+        elif sums is None:  # the parameter exists but qk_norm is off: it took no part
+            grads.append(torch.zeros_like(param))
+        else:
+            grads.append(sums[column : column + param.shape[0]].to(param.dtype, copy=True))  # no aliasing views
+            column += param.shape[0]
+    return grads[0], grads[1]
 
 
 def _column_sum(rows: Tensor) -> Tensor:  # [n_rows, C] fp32 -> [C] fp32, summed in a fixed order
@@ -206,46 +235,46 @@ def _column_sum(rows: Tensor) -> Tensor:  # [n_rows, C] fp32 -> [C] fp32, summed
 
 
 @graph_attention_backward.register_fake
-def _(grad_out, query, key, value, edge_attr, q_norm_weight, k_norm_weight, *layout_and_flags):
+def _(grad_out, query, key, value, edge_attr, *norm_params_lse_layout_and_flags):
     def grad_or_empty(t):
         return torch.empty_like(t) if t is not None else query.new_empty((0,), dtype=torch.float32)
 
     grad_edge_attr = torch.empty_like(edge_attr) if edge_attr is not None else query.new_empty((0,))
+    norm_params = norm_params_lse_layout_and_flags[:4]
     return (
         torch.empty_like(query),
         torch.empty_like(key),
         torch.empty_like(value),
         grad_edge_attr,
-        grad_or_empty(q_norm_weight),
-        grad_or_empty(k_norm_weight),
+        *(grad_or_empty(p) for p in norm_params),
     )
 
 
 _LAYOUT_ARGS = 11  # GraphLayout.tensors()
 
 
+_NORM_PARAMS = 4  # q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias
+
+
 def _setup_context(ctx, inputs, output):
-    (query, key, value, edge_attr, q_norm_weight, k_norm_weight, *layout, qk_norm, eps) = inputs
-    ctx.save_for_backward(query, key, value, edge_attr, q_norm_weight, k_norm_weight, output[1], *layout)
-    ctx.qk_norm = qk_norm
-    ctx.eps = eps
+    (query, key, value, edge_attr, *rest) = inputs
+    norm_params, layout = rest[:_NORM_PARAMS], rest[_NORM_PARAMS : _NORM_PARAMS + _LAYOUT_ARGS]
+    ctx.qk_norm, ctx.eps_q, ctx.eps_k = rest[_NORM_PARAMS + _LAYOUT_ARGS :]
+    ctx.save_for_backward(query, key, value, edge_attr, *norm_params, output[1], *layout)
     ctx.mark_non_differentiable(output[1])
 
 
 def _backward(ctx, grad_out, _grad_lse):
-    query, key, value, edge_attr, q_norm_weight, k_norm_weight, lse, *layout = ctx.saved_tensors
+    query, key, value, edge_attr, *rest = ctx.saved_tensors
+    norm_params, lse, layout = rest[:_NORM_PARAMS], rest[_NORM_PARAMS], rest[_NORM_PARAMS + 1 :]
     grads = torch.ops.gtnorm.graph_attention_backward(
-        grad_out, query, key, value, edge_attr, q_norm_weight, k_norm_weight, lse, *layout, ctx.qk_norm, ctx.eps
+        grad_out, query, key, value, edge_attr, *norm_params, lse, *layout, ctx.qk_norm, ctx.eps_q, ctx.eps_k
     )
-    grad_query, grad_key, grad_value, grad_edge_attr, grad_q_weight, grad_k_weight = grads
+    inputs = (query, key, value, edge_attr, *norm_params)
     return (
-        grad_query,
-        grad_key,
-        grad_value,
-        grad_edge_attr if edge_attr is not None else None,
-        grad_q_weight if q_norm_weight is not None else None,
-        grad_k_weight if k_norm_weight is not None else None,
+        *(grad if t is not None else None for grad, t in zip(grads, inputs, strict=True)),
         *([None] * _LAYOUT_ARGS),
+        None,
         None,
         None,
     )

@@ -8,7 +8,8 @@ before the multiply, because M*H*C passes 2**31 on the largest graphs.
 import triton
 import triton.language as tl
 
-from gtnorm.rmsnorm.math import rms_norm_forward
+from gtnorm.layernorm.math import layer_norm_backward, layer_norm_normalized, layer_norm_stats
+from gtnorm.rmsnorm.math import rms_norm_backward, rms_norm_rstd
 
 
 @triton.jit
@@ -63,25 +64,69 @@ def walk_position(node_ptr, pos, start, end):
 
 
 @triton.jit
-def load_norm_weight(ptr, C, HAS_WEIGHT: tl.constexpr, BLOCK_C: tl.constexpr):
-    """The RMSNorm affine weight [C] as fp32 [BLOCK_C]; ones when the norm has no weight."""
+def load_norm_param(ptr, C, PRESENT: tl.constexpr, DEFAULT: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A norm weight or bias [C] as fp32 [BLOCK_C] (0 on padding lanes); DEFAULT (1 for a weight, 0 for a bias)
+    everywhere when the norm has none."""
     offs_c = tl.arange(0, BLOCK_C)
-    if HAS_WEIGHT:
-        w = tl.load(ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
+    if PRESENT:
+        p = tl.load(ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
     else:
-        w = tl.full([BLOCK_C], 1.0, tl.float32)
-    return w
+        p = tl.full([BLOCK_C], DEFAULT, tl.float32)
+    return p
+
+
+# The kinds of the NORM constexpr of the attention kernels (ops.NORM_CODES maps qk_norm's names to them).
+NORM_NONE = tl.constexpr(0)
+NORM_RMS = tl.constexpr(1)
+NORM_LAYER = tl.constexpr(2)
 
 
 @triton.jit
-def normalize_heads(x, w, C, eps, QK_NORM: tl.constexpr):
-    """RMSNorm of every head of a [..., BLOCK_H, BLOCK_C] tile (weight shared by the heads), or x itself.
-
-    Returns (normalised x, rstd) with rstd broadcastable against x; rstd is 1 without the norm.
-    """
-    if QK_NORM:
-        y, rstd = rms_norm_forward(x, w, C, eps, len(x.shape) - 1)
+def norm_stats(x, mask, C, eps, NORM: tl.constexpr):
+    """(mean, rstd) of every head of a [..., BLOCK_H, BLOCK_C] tile, each [..., BLOCK_H, 1]; mean is 0 for
+    RMSNorm. Padding lanes of x must hold 0."""
+    if NORM == NORM_LAYER:
+        mean, rstd = layer_norm_stats(x, mask, C, eps, len(x.shape) - 1)
     else:
+        rstd = rms_norm_rstd(x, C, eps, len(x.shape) - 1)
+        mean = tl.zeros_like(rstd)
+    return mean, rstd
+
+
+@triton.jit
+def norm_apply(x, mean, rstd, w, b, mask, NORM: tl.constexpr):
+    """The norm of x from its statistics, weight w and bias b ([BLOCK_C], shared by the heads).
+
+    LayerNorm rows are 0 on padding lanes and heads (the bias would make them b): nothing that sums over lanes or
+    heads downstream (scores, parameter gradients) then needs a mask of its own.
+    """
+    if NORM == NORM_LAYER:
+        y = tl.where(mask, layer_norm_normalized(x, mean, rstd, mask) * w + b, 0.0)
+    else:
+        y = x * rstd * w
+    return y
+
+
+@triton.jit
+def normalize_heads(x, w, b, mask, C, eps, NORM: tl.constexpr):
+    """The norm of every head of a [..., BLOCK_H, BLOCK_C] tile (weight and bias shared by the heads), or x
+    itself with NORM_NONE."""
+    if NORM == NORM_NONE:
         y = x
-        rstd = 1.0
-    return y, rstd
+    else:
+        mean, rstd = norm_stats(x, mask, C, eps, NORM)
+        y = norm_apply(x, mean, rstd, w, b, mask, NORM)
+    return y
+
+
+@triton.jit
+def normalize_heads_backward(x, mean, rstd, w, dy, mask, C, NORM: tl.constexpr):
+    """(dx, x_hat) for y = norm(x) given dy = dL/dy: dx, and the normalised x before the affine (0 on padding),
+    whose product with dy is the weight's gradient term (dy itself is the bias's)."""
+    if NORM == NORM_LAYER:
+        x_hat = layer_norm_normalized(x, mean, rstd, mask)
+        dx = layer_norm_backward(x_hat, rstd, w, dy, mask, C, len(x.shape) - 1)
+    else:
+        x_hat = x * rstd
+        dx = rms_norm_backward(x, rstd, w, dy, C, len(x.shape) - 1)
+    return dx, x_hat
