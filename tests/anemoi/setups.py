@@ -55,7 +55,7 @@ GTNORM_CLASSES = {
     "decoder": gtnorm.anemoi.GraphTransformerBackwardMapper,
 }
 # (num_src, num_dst) of one copy of each graph.
-GRAPH_SIZES = {"processor": (12, 12), "encoder": (20, 8), "decoder": (8, 20)}
+GRAPH_SIZES = {"processor": (10, 10), "encoder": (16, 6), "decoder": (6, 16)}
 ZERO_GRADIENT = 1e-6
 
 
