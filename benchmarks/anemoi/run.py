@@ -1,0 +1,234 @@
+"""Anemoi's graph-transformer processor, encoder and decoder, each built twice from the same arguments and
+state_dict: anemoi-models' own Triton backend against gtnorm.anemoi's drop-in. Per row (module x QK norm x
+autocast dtype): a training step (forward + backward, Anemoi's default gradient checkpointing), inference
+(``torch.inference_mode``), the extra peak memory of each, and the two sides' inference outputs compared.
+
+    python -m benchmarks.anemoi --out benchmarks/out/anemoi           # full set: level-6 and level-5 graphs
+    python -m benchmarks.anemoi --quick                               # level 6, no norm and LayerNorm, fp16
+
+Needs a CUDA device and anemoi-models (its Triton backend runs on CUDA only). Graphs come from
+benchmarks/graphs/catalog.py (built and cached on first use). Writes results.json, results.md and results.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+from anemoi.models.distributed.shapes import BipartiteGraphShardInfo, GraphShardInfo
+from anemoi.models.layers.mapper import GraphTransformerBackwardMapper, GraphTransformerForwardMapper
+from anemoi.models.layers.processor import GraphTransformerProcessor
+
+import gtnorm.anemoi
+from benchmarks.anemoi.report import print_summary, write_outputs
+from benchmarks.graphs.catalog import load_graph
+from benchmarks.graphs.measure import Measurement, TimingSettings, free_memory, guarded, measure_call, relative_error
+
+# Row name -> (module kind, benchmark graph).
+MODULES = {
+    "processor r6": ("processor", "h_to_h"),
+    "processor r5": ("processor", "h_to_h_small"),
+    "encoder O320->r6": ("encoder", "era_to_h"),
+    "encoder O96->r5": ("encoder", "era_to_h_small"),
+    "decoder r6->O320": ("decoder", "h_to_era"),
+    "decoder r5->O96": ("decoder", "h_to_era_small"),
+}
+QUICK_MODULES = ("processor r6", "encoder O320->r6", "decoder r6->O320")
+# QK norm -> Anemoi's layer_kernels (None: qk_norm=False). "layer" is Anemoi's default QueryNorm / KeyNorm.
+NORMS = {
+    "off": None,
+    "layer": {},
+    "rms": {
+        "QueryNorm": {"_target_": "torch.nn.RMSNorm", "_partial_": True},
+        "KeyNorm": {"_target_": "torch.nn.RMSNorm", "_partial_": True},
+    },
+}
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+SIDES = ("anemoi", "gtnorm")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The blocks' sizes: Anemoi's graph-transformer defaults (1024 channels, 16 heads of 64), with a
+    two-layer processor (every layer is the same block: speed-ups per layer are the model's)."""
+
+    num_channels: int = 1024
+    num_heads: int = 16
+    mlp_hidden_ratio: float = 4.0
+    edge_dim: int = 3  # edge length and direction
+    processor_layers: int = 2
+    data_channels: int = 100  # variables per data-grid node
+    coord_channels: int = 4  # sin/cos of latitude and longitude of the destination nodes
+
+    def arguments(self, kind: str, norm: str, backend: str) -> dict:
+        args = dict(
+            num_channels=self.num_channels,
+            num_chunks=1,
+            num_heads=self.num_heads,
+            mlp_hidden_ratio=self.mlp_hidden_ratio,
+            edge_dim=self.edge_dim,
+            qk_norm=NORMS[norm] is not None,
+            layer_kernels=NORMS[norm] or {},
+            graph_attention_backend=backend,
+        )
+        if kind == "processor":
+            return args | dict(num_layers=self.processor_layers)
+        if kind == "encoder":
+            return args | dict(in_channels_src=self.data_channels, in_channels_dst=self.coord_channels)
+        return args | dict(
+            in_channels_src=self.num_channels, in_channels_dst=self.coord_channels, out_channels_dst=self.data_channels
+        )
+
+
+def build_modules(spec: ModelSpec, kind: str, norm: str, device: torch.device) -> dict[str, torch.nn.Module]:
+    """Anemoi's module on its Triton backend and gtnorm's drop-in, with one state_dict."""
+    anemoi_classes = {
+        "processor": GraphTransformerProcessor,
+        "encoder": GraphTransformerForwardMapper,
+        "decoder": GraphTransformerBackwardMapper,
+    }
+    gtnorm_classes = {
+        "processor": gtnorm.anemoi.GraphTransformerProcessor,
+        "encoder": gtnorm.anemoi.GraphTransformerForwardMapper,
+        "decoder": gtnorm.anemoi.GraphTransformerBackwardMapper,
+    }
+    torch.manual_seed(0)
+    anemoi_module = anemoi_classes[kind](**spec.arguments(kind, norm, "triton"))
+    gtnorm_module = gtnorm_classes[kind](**spec.arguments(kind, norm, "triton"))
+    gtnorm_module.load_state_dict(anemoi_module.state_dict())
+    return {"anemoi": anemoi_module.to(device), "gtnorm": gtnorm_module.to(device)}
+
+
+@dataclass
+class Problem:
+    """One graph's inputs, as Anemoi's models hand them to the module (batch size 1)."""
+
+    kind: str
+    x: tuple[torch.Tensor, ...]  # processor: (x [N, channels],); mappers: (x_src, x_dst)
+    edge_attr: torch.Tensor  # [M, edge_dim]
+    edge_index: torch.Tensor  # [2, M], sorted by destination (as Anemoi's graph providers give it)
+
+    def leaves(self) -> list[torch.Tensor]:
+        return [*self.x, self.edge_attr]
+
+    def forward(self, module: torch.nn.Module) -> torch.Tensor:
+        if self.kind == "processor":
+            return module(self.x[0], 1, GraphShardInfo(), edge_attr=self.edge_attr, edge_index=self.edge_index)
+        out = module(
+            self.x, batch_size=1, shard_info=BipartiteGraphShardInfo(), edge_attr=self.edge_attr,
+            edge_index=self.edge_index,
+        )  # fmt: skip
+        return out[1] if self.kind == "encoder" else out
+
+
+def make_problem(spec: ModelSpec, kind: str, graph, device: torch.device) -> Problem:
+    """Random inputs on ``graph`` (a benchmarks.graphs.catalog.BenchGraph)."""
+    src_channels = {"processor": spec.num_channels, "encoder": spec.data_channels, "decoder": spec.num_channels}
+    x_src = torch.randn(graph.num_src, src_channels[kind], device=device)
+    x = (x_src,) if kind == "processor" else (x_src, torch.randn(graph.num_dst, spec.coord_channels, device=device))
+    edge_attr = torch.randn(graph.num_edges, spec.edge_dim, device=device)
+    problem = Problem(kind, x, edge_attr, graph.edge_index.to(device))
+    for t in problem.leaves():
+        t.requires_grad_()
+    return problem
+
+
+def measure_row(modules, problem: Problem, dtype: torch.dtype, settings: TimingSettings, device) -> dict:
+    """Training step and inference of both sides, and their inference outputs compared."""
+    row = {}
+    outputs = {}
+    for side in SIDES:
+        module = modules[side]
+        leaves = [*problem.leaves(), *module.parameters()]
+
+        def infer(module=module):
+            module.eval()
+            with torch.inference_mode(), torch.autocast(device.type, dtype=dtype):
+                return problem.forward(module)
+
+        out, status = guarded(infer)
+        if out is None:
+            row[side] = {"train": asdict(Measurement(status)), "infer": asdict(Measurement(status))}
+            continue
+        outputs[side] = out.float()
+        grad_out = torch.randn_like(out, dtype=out.dtype)  # outside inference_mode: a normal tensor
+        del out
+
+        def train_step(module=module, grad_out=grad_out):
+            module.train()
+            with torch.autocast(device.type, dtype=dtype):
+                out = problem.forward(module)
+            out.backward(grad_out)
+
+        row[side] = {
+            "train": asdict(measure_call(train_step, device, settings, leaves)),
+            "infer": asdict(measure_call(infer, device, settings, [])),
+        }
+        del grad_out
+        free_memory()
+    if len(outputs) == 2:
+        row["output_rel_error"] = relative_error(outputs["gtnorm"], outputs["anemoi"])
+    return row
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.anemoi", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out/anemoi"), help="output directory")
+    parser.add_argument("--quick", action="store_true", help="level-6 rows, no norm and LayerNorm, fp16 only")
+    parser.add_argument("--modules", nargs="+", choices=list(MODULES), help="rows to run (default: all)")
+    parser.add_argument("--norms", nargs="+", choices=list(NORMS), help="QK norms (default: all)")
+    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), help="autocast dtypes (default: both)")
+    parser.add_argument("--rep-ms", type=float, default=100.0, help="do_bench's measuring budget per timing")
+    parser.add_argument("--no-plot", action="store_true")
+    args = parser.parse_args(argv)
+    args.modules = args.modules or (list(QUICK_MODULES) if args.quick else list(MODULES))
+    args.norms = args.norms or (["off", "layer"] if args.quick else list(NORMS))
+    args.dtypes = args.dtypes or (["fp16"] if args.quick else list(DTYPES))
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.anemoi needs a CUDA device: Anemoi's Triton backend runs on CUDA only")
+    device = torch.device("cuda")
+    spec = ModelSpec()
+    settings = TimingSettings(warmup_ms=25.0, rep_ms=args.rep_ms)
+    results = {
+        "meta": {
+            "device": torch.cuda.get_device_name(device),
+            "torch": torch.__version__,
+            "triton": version("triton"),
+            "anemoi_models": version("anemoi-models"),
+            "python": platform.python_version(),
+            "model": asdict(spec),
+            "batch_size": 1,
+            "gradient_checkpointing": True,
+        },
+        "rows": [],
+    }
+    start = time.perf_counter()
+    for name in args.modules:
+        kind, graph_name = MODULES[name]
+        problem = make_problem(spec, kind, load_graph(graph_name, verbose=True), device)
+        for norm in args.norms:
+            modules = build_modules(spec, kind, norm, device)
+            for dtype_name in args.dtypes:
+                row = measure_row(modules, problem, DTYPES[dtype_name], settings, device)
+                row |= {"module": name, "graph": graph_name, "edges": problem.edge_index.shape[1]}
+                row |= {"norm": norm, "dtype": dtype_name}
+                results["rows"].append(row)
+                print(f"[{time.perf_counter() - start:6.0f} s] {name} {norm} {dtype_name} done", flush=True)
+            del modules
+            free_memory()
+        del problem
+        free_memory()
+    results["meta"]["wall_s"] = time.perf_counter() - start
+    write_outputs(results, args.out, plot=not args.no_plot)
+    print_summary(results)
+    return results

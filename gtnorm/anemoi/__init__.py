@@ -1,0 +1,32 @@
+"""gtnorm in Anemoi: drop-ins for anemoi-models' graph-transformer processor, encoder and decoder.
+
+Switch a model by changing the ``_target_`` of its processor / encoder / decoder config to the classes here
+(same arguments, same state_dict keys: existing checkpoints load as they are), or convert a built model in
+place with :func:`use_gtnorm_attention`. Their blocks run gtnorm's fused attention with the QK norm inside
+the kernels: the block's own ``q_norm`` / ``k_norm`` (Anemoi's ``layer_kernels.QueryNorm`` / ``KeyNorm``) are
+fused when they are LayerNorm (Anemoi's default, AutocastLayerNorm) or RMSNorm over the channels of a head,
+and applied unfused before the kernels otherwise.
+
+Needs anemoi-models (tested with 0.19.0); see the README's "Use in Anemoi" section for installing it.
+"""
+
+try:
+    import anemoi.models.layers.block  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "gtnorm.anemoi needs anemoi-models (tested with 0.19.0). It declares torch<2.11, so install it without "
+        "its pins: pip install --no-deps anemoi-models==0.19.0 && pip install 'gtnorm[anemoi]'"
+    ) from exc
+
+from gtnorm.anemoi.block import GraphTransformerMapperBlock, GraphTransformerProcessorBlock, use_gtnorm_attention
+from gtnorm.anemoi.mapper import GraphTransformerBackwardMapper, GraphTransformerForwardMapper
+from gtnorm.anemoi.processor import GraphTransformerProcessor
+
+__all__ = [
+    "GraphTransformerBackwardMapper",
+    "GraphTransformerForwardMapper",
+    "GraphTransformerMapperBlock",
+    "GraphTransformerProcessor",
+    "GraphTransformerProcessorBlock",
+    "use_gtnorm_attention",
+]

@@ -1,0 +1,104 @@
+"""Anemoi's graph-transformer blocks with gtnorm's fused attention: the QK norm runs inside the kernels.
+
+Anemoi's blocks normalise query and key (``_apply_qk_norm``) and then call their attention backend once per
+edge chunk (``apply_gt``). The subclasses here change only those two steps: the norm is no longer applied on
+its own, and each chunk goes through a :class:`gtnorm.GraphTransformerConv` that is handed the block's own
+``q_norm`` / ``k_norm`` modules and applies them inside the kernels. Everything else (projections, shard
+strategies, inference chunks, MLPs, checkpointing around the block) is Anemoi's code, unchanged.
+"""
+
+from __future__ import annotations
+
+from anemoi.models.layers import block as anemoi_block
+from torch import Tensor, nn
+
+from gtnorm.nn.conv import GraphTransformerConv
+
+# Anemoi's graph_attention_backend -> GraphTransformerConv's backend. "triton" runs gtnorm's kernels wherever
+# they can run (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1) and the PyG path elsewhere, as
+# Anemoi's blocks fall back to PyG without CUDA.
+_BACKENDS = {"triton": "auto", "pyg": "pyg"}
+
+
+class _FusedAttention:
+    """What gtnorm's blocks override in Anemoi's GraphTransformerBaseBlock (mixed in before it).
+
+    The conv is kept out of the module tree (a plain attribute, not a submodule): it holds the block's
+    ``q_norm`` / ``k_norm`` modules, and as a submodule it would list their parameters a second time under
+    ``conv.q_norm.*``. So the state_dict keys stay exactly Anemoi's, and ``.to()`` / ``.half()`` reach the
+    norms through the block, where Anemoi registered them.
+    """
+
+    def set_attention_function(self) -> None:
+        # The backend override Anemoi reads from ANEMOI_INFERENCE_GRAPHTRANSFORMER_ATTENTION_BACKEND.
+        if anemoi_block.ATTENTION_BACKEND != "":
+            self.graph_attention_backend = anemoi_block.ATTENTION_BACKEND
+        if self.graph_attention_backend not in _BACKENDS:
+            raise ValueError(
+                f"graph_attention_backend must be one of {sorted(_BACKENDS)}, got {self.graph_attention_backend!r}"
+            )
+        conv = GraphTransformerConv(
+            self.out_channels_conv,
+            backend=_BACKENDS[self.graph_attention_backend],
+            q_norm=self.q_norm if self.qk_norm else None,
+            k_norm=self.k_norm if self.qk_norm else None,
+        )
+        self._modules.pop("conv", None)  # Anemoi's PyG conv, when this block was built as Anemoi's
+        object.__setattr__(self, "conv", conv)
+
+    def _apply_qk_norm(self, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
+        return query, key  # applied inside the attention kernels, by apply_gt
+
+    def apply_gt(
+        self,
+        query: Tensor,  # [N_dst, H, C]
+        key: Tensor,  # [N_src, H, C]
+        value: Tensor,  # [N_src, H, C]
+        edges: Tensor,  # [M, H, C], in edge_index's order
+        edge_index: Tensor,  # [2, M]: row 0 = source, row 1 = destination
+        size: int | tuple[int, int],
+        edges_are_dst_sorted: bool = True,  # gtnorm takes edges in any order
+    ) -> Tensor:  # [N_dst, H, C]; 0 for destinations without edges (Anemoi's inference chunks sum these)
+        if anemoi_block.ATTENTION_BACKEND != "" and not self._attention_backend_applied:
+            # A block unpickled from a whole-model checkpoint did not run __init__: apply the override now.
+            self.set_attention_function()
+            self._attention_backend_applied = True
+        conv_size = (size, size) if isinstance(size, int) else tuple(size)
+        return self.conv(query, key, value, edges, edge_index, size=conv_size)
+
+
+class GraphTransformerProcessorBlock(_FusedAttention, anemoi_block.GraphTransformerProcessorBlock):
+    """Anemoi's processor block (same arguments, same state_dict) with gtnorm's fused attention + QK norm."""
+
+
+class GraphTransformerMapperBlock(_FusedAttention, anemoi_block.GraphTransformerMapperBlock):
+    """Anemoi's mapper block (same arguments, same state_dict) with gtnorm's fused attention + QK norm."""
+
+
+_GTNORM_BLOCKS = {
+    anemoi_block.GraphTransformerProcessorBlock: GraphTransformerProcessorBlock,
+    anemoi_block.GraphTransformerMapperBlock: GraphTransformerMapperBlock,
+}
+
+
+def use_gtnorm_attention(module: nn.Module, graph_attention_backend: str | None = None) -> nn.Module:
+    """Switch, in place, every Anemoi graph-transformer block inside ``module`` (itself included) to gtnorm's
+    fused attention; returns ``module``.
+
+    Parameters, buffers and state_dict keys do not change (gtnorm's blocks add none), so this works on a model
+    built from any config or loaded from a checkpoint: ``use_gtnorm_attention(model, "triton")``.
+    ``graph_attention_backend``: "triton" (gtnorm's kernels where they can run, the PyG path elsewhere) or
+    "pyg" (the PyG reference) for every block; None keeps each block's own setting, which Anemoi has already
+    turned from "triton" into "pyg" if the block was built without CUDA.
+    """
+    for block in list(module.modules()):  # a list: set_attention_function edits the blocks' _modules
+        gtnorm_class = _GTNORM_BLOCKS.get(type(block))
+        if gtnorm_class is None:
+            continue
+        # gtnorm's blocks add methods only, no state of their own: re-classing a built block is complete once
+        # its attention is set up again.
+        block.__class__ = gtnorm_class
+        if graph_attention_backend is not None:
+            block.graph_attention_backend = graph_attention_backend
+        block.set_attention_function()
+    return module

@@ -1,0 +1,46 @@
+"""The in-block benchmark's harness (benchmarks/anemoi) on a tiny graph: rows measured, results written.
+
+On the CPU Anemoi's side falls back to its PyG path and gtnorm's runs through the interpreter, so the numbers
+mean nothing here; the GPU run is the benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("anemoi.models", reason="needs anemoi-models")
+pytest.importorskip("scipy", reason="the benchmark graphs need scipy")
+
+from benchmarks.anemoi import report, run  # noqa: E402
+from benchmarks.graphs.catalog import BenchGraph  # noqa: E402
+from tests.anemoi.setups import random_edges  # noqa: E402
+
+TINY = run.ModelSpec(num_channels=8, num_heads=2, mlp_hidden_ratio=1.0, processor_layers=1, data_channels=3)
+
+
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # torch's RMSNorm under autocast
+@pytest.mark.parametrize("kind", ["processor", "encoder"])
+def test_rows_are_measured_and_written(kind, device, tmp_path, capsys):
+    num_src, num_dst = {"processor": (10, 10), "encoder": (16, 6), "decoder": (6, 16)}[kind]
+    edge_index = random_edges(num_src, num_dst, torch.Generator().manual_seed(0))
+    graph = BenchGraph("tiny", kind, edge_index, num_src, num_dst, "tiny")
+    problem = run.make_problem(TINY, kind, graph, device)
+    modules = run.build_modules(TINY, kind, "rms", device)
+    row = run.measure_row(modules, problem, torch.bfloat16, run.TimingSettings(), device)
+    row |= {"module": kind, "graph": "tiny", "edges": edge_index.shape[1], "norm": "rms", "dtype": "bf16"}
+    for side in run.SIDES:
+        for mode in report.MODES:
+            assert row[side][mode]["status"] == "ok" and row[side][mode]["ms"] > 0
+    assert row["output_rel_error"] < 0.05  # bf16 on both sides
+    assert all(p.grad is None for m in modules.values() for p in m.parameters())  # no gradient outlives a timing
+
+    results = {"meta": {"device": "cpu", "torch": "", "triton": "", "anemoi_models": "", "model": vars(TINY)}}
+    results["rows"] = [row]
+    report.write_outputs(results, tmp_path, plot=False)
+    assert json.loads((tmp_path / "results.json").read_text())["rows"][0]["norm"] == "rms"
+    assert f"| {kind} | rms | bf16 |" in (tmp_path / "results.md").read_text()
+    report.print_summary(results)
+    assert kind in capsys.readouterr().out

@@ -1,0 +1,86 @@
+"""gtnorm's Anemoi blocks: which attention runs, where the norm modules live, converting a built model."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from anemoi.models.layers import block as anemoi_block
+
+import gtnorm.anemoi
+import gtnorm.nn.conv
+from tests.anemoi.setups import Case, build_pair, forward, make_inputs, rel_error
+from tests.anemoi.test_modules import TOL
+
+
+def gtnorm_blocks(module):
+    return [m for m in module.modules() if isinstance(m, anemoi_block.GraphTransformerBaseBlock)]
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts calls of gtnorm's fused op by the layer."""
+    calls = []
+    op = gtnorm.nn.conv.graph_transformer_attention
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return op(*args, **kwargs)
+
+    monkeypatch.setattr(gtnorm.nn.conv, "graph_transformer_attention", counting)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["processor", "decoder"])
+def test_triton_backend_runs_gtnorm_kernels(kind, device, kernel_calls):
+    case = Case(kind, checkpoint=False, batch=1)
+    _, gtnorm_module = build_pair(case, "triton", device)
+    forward(gtnorm_module, case, make_inputs(case, device))
+    assert len(kernel_calls) == len(gtnorm_blocks(gtnorm_module))
+
+
+def test_pyg_backend_does_not_run_kernels(device, kernel_calls):
+    case = Case("processor")
+    _, gtnorm_module = build_pair(case, "pyg", device)
+    forward(gtnorm_module, case, make_inputs(case, device))
+    assert kernel_calls == []
+
+
+@pytest.mark.parametrize("kind", ["processor", "encoder", "decoder"])
+def test_norms_stay_the_block_s_own_modules(kind):
+    """The conv uses the block's q_norm / k_norm and is not a submodule, also in a deep copy and after pickling."""
+    _, gtnorm_module = build_pair(Case(kind, norm="rms"), "triton", torch.device("cpu"))
+    for module in (gtnorm_module, copy.deepcopy(gtnorm_module), pickle.loads(pickle.dumps(gtnorm_module))):
+        for block in gtnorm_blocks(module):
+            assert block.conv.q_norm is block.q_norm and block.conv.k_norm is block.k_norm
+            assert all(sub is not block.conv for sub in block.modules())
+
+
+def test_use_gtnorm_attention_converts_a_built_model(device):
+    """Converting Anemoi's own module in place: same state_dict, same result as before, now from the kernels."""
+    case = Case("encoder", norm="rms", batch=1)
+    anemoi_module, _ = build_pair(case, "triton", device)
+    keys = list(anemoi_module.state_dict())
+    inputs = make_inputs(case, device)
+    with torch.no_grad():
+        expected = forward(anemoi_module, case, inputs)
+        gtnorm.anemoi.use_gtnorm_attention(anemoi_module, "triton")
+        actual = forward(anemoi_module, case, inputs)
+    assert list(anemoi_module.state_dict()) == keys
+    assert [type(b) for b in gtnorm_blocks(anemoi_module)] == [gtnorm.anemoi.GraphTransformerMapperBlock]
+    assert rel_error(actual, expected) <= TOL
+
+
+def test_environment_backend_override(monkeypatch):
+    """Anemoi's ANEMOI_INFERENCE_GRAPHTRANSFORMER_ATTENTION_BACKEND (read at import) picks the backend here too."""
+    monkeypatch.setattr(anemoi_block, "ATTENTION_BACKEND", "pyg")
+    _, gtnorm_module = build_pair(Case("encoder"), "triton", torch.device("cpu"))
+    assert [b.conv.backend for b in gtnorm_blocks(gtnorm_module)] == ["pyg"]
+
+
+def test_unknown_backend_is_refused():
+    anemoi_module, _ = build_pair(Case("processor"), "pyg", torch.device("cpu"))
+    with pytest.raises(ValueError, match="graph_attention_backend"):
+        gtnorm.anemoi.use_gtnorm_attention(anemoi_module, "flash")
