@@ -57,7 +57,7 @@ class BenchInputs:
     def nbytes(self) -> int:
         """Memory the inputs hold (tensors, edge_index, layout): what every variant finds already allocated."""
         tensors = [getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)]
-        layout = [getattr(self.layout, f.name) for f in fields(self.layout)]
+        layout = [*self.layout.by_dst.tensors(), *self.layout.by_src.tensors()]
         return sum(t.numel() * t.element_size() for t in tensors + layout if isinstance(t, Tensor))
 
 
