@@ -4,6 +4,7 @@ with which parameters), and how the PyG path applies them with torch's own math.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +55,10 @@ def apply_with_torch(module: torch.nn.Module, x: Tensor) -> Tensor:
     kernels where they can run: torch's own RMSNorm with its parameters instead (the PyG path is the reference).
     """
     check_norm_eps(module)
+    # 16-bit inputs with float32 parameters (as under autocast): torch's CUDA LayerNorm refuses the mix outside
+    # autocast, so the input is widened first, as the fused kernels compute in float32 too.
+    dtype = functools.reduce(torch.promote_types, [p.dtype for p in module.parameters()], x.dtype)
+    x = x.to(dtype)
     if isinstance(module, RMSNorm):
         return F.rms_norm(x, module.normalized_shape, module.weight, module.eps)
     return module(x)
