@@ -43,10 +43,16 @@ def check_accuracy(inputs: BenchInputs) -> dict[str, dict[str, float] | str]:
     fused = _result_or_status(lambda: outputs_and_grads("fused", inputs))
     pyg = _result_or_status(lambda: outputs_and_grads("pyg", inputs))
     report = {"fused vs pyg": compare(fused, pyg)}
+    fused_layer = _result_or_status(lambda: outputs_and_grads("fused_layer", inputs))
+    pyg_layer = _result_or_status(lambda: outputs_and_grads("pyg_layer", inputs))
+    report["fused_layer vs pyg_layer"] = compare(fused_layer, pyg_layer)
     if inputs.query.dtype != torch.float32:
         reference = _result_or_status(lambda: outputs_and_grads("pyg", cast_inputs(inputs, torch.float32)))
         report["fused vs pyg fp32"] = compare(fused, reference)
         report["pyg vs pyg fp32"] = compare(pyg, reference)
+        reference = _result_or_status(lambda: outputs_and_grads("pyg_layer", cast_inputs(inputs, torch.float32)))
+        report["fused_layer vs pyg_layer fp32"] = compare(fused_layer, reference)
+        report["pyg_layer vs pyg_layer fp32"] = compare(pyg_layer, reference)
     return report
 
 

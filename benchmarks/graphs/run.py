@@ -44,12 +44,20 @@ from benchmarks.graphs.measure import (
 )
 from benchmarks.graphs.quick import PYG_TIMED_CALLS, run_quick
 from benchmarks.graphs.report import MODES, NOT_PERFORMANCE, markdown, write_outputs
-from benchmarks.graphs.variants import COMPILED_VARIANTS, VARIANTS, BenchInputs, build_variant, make_inputs
+from benchmarks.graphs.variants import (
+    COMPILED_VARIANTS,
+    CUDA_ONLY_VARIANTS,
+    VARIANTS,
+    BenchInputs,
+    build_variant,
+    make_inputs,
+)
 from gtnorm._runtime import resolve_eps
 
 CPU_DEFAULTS = dict(suite="tiny", heads=2, channels=16)
 GPU_DEFAULTS = dict(suite="full", heads=16, channels=64)
 COMPILE_SKIPPED_ON_CPU = "skipped: torch.compile on the CPU is slow and says nothing about the GPU"
+CUDA_ONLY_SKIPPED_ON_CPU = "skipped: a CUDA-only kernel (no Triton interpreter path)"
 
 
 @dataclass(frozen=True)
@@ -267,6 +275,9 @@ def measure_variant(
     if name in COMPILED_VARIANTS and device.type != "cuda":
         print(f"{tag} {name:22s} {COMPILE_SKIPPED_ON_CPU}", flush=True)
         return {mode: asdict(Measurement(COMPILE_SKIPPED_ON_CPU)) for mode in MODES}
+    if name in CUDA_ONLY_VARIANTS and device.type != "cuda":
+        print(f"{tag} {name:22s} {CUDA_ONLY_SKIPPED_ON_CPU}", flush=True)
+        return {mode: asdict(Measurement(CUDA_ONLY_SKIPPED_ON_CPU)) for mode in MODES}
     variant, status = guarded(lambda: build_variant(name, inputs))
     calls = {}
     if variant is not None:

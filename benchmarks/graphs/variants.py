@@ -1,6 +1,7 @@
-"""The five ways of computing RMSNorm on q and k followed by graph-transformer attention that the benchmark
-compares, all on the same inputs and the same norm weights, and the same attention without the norm (what the
-fused norm's cost is measured against)."""
+"""The ways of computing a norm on q and k followed by graph-transformer attention that the benchmark compares,
+all on the same inputs and the same norm parameters: five with RMSNorm, and with LayerNorm (Anemoi's default QK
+norm) the fused kernels against eager / compiled LayerNorm before gtnorm's unfused kernels or Anemoi's own Triton
+kernel; and the same attention without the norm (what the fused norm's cost is measured against)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,24 @@ from torch import Tensor
 import gtnorm
 from gtnorm.nn.reference import reference_graph_transformer_attention
 
-VARIANTS = ("pyg", "pyg_compiled", "unfused", "unfused_compiled_norm", "fused", "no_norm")
-COMPILED_VARIANTS = frozenset({"pyg_compiled", "unfused_compiled_norm"})
+RMS_VARIANTS = ("pyg", "pyg_compiled", "unfused", "unfused_compiled_norm", "fused")
+LAYER_NORM_VARIANTS = ("pyg_layer", "unfused_layer", "unfused_compiled_layer", "anemoi_layer", "fused_layer")
+VARIANTS = (*RMS_VARIANTS, *LAYER_NORM_VARIANTS, "no_norm")
+COMPILED_VARIANTS = frozenset({"pyg_compiled", "unfused_compiled_norm", "unfused_compiled_layer"})
+# Anemoi's kernel is a CUDA-only custom op (device_types="cuda"): it has no interpreter path.
+CUDA_ONLY_VARIANTS = frozenset({"anemoi_layer"})
 DESCRIPTIONS = {
     "pyg": "torch.nn.RMSNorm on q, k + the PyG MessagePassing of GraphTransformerConv(backend='pyg'), eager",
     "pyg_compiled": "the pyg variant under torch.compile",
     "unfused": "gtnorm.rms_norm on q, k + gtnorm.graph_transformer_attention(qk_norm=False)",
     "unfused_compiled_norm": "torch.compile'd F.rms_norm on q, k + gtnorm.graph_transformer_attention(qk_norm=False)",
     "fused": "gtnorm.graph_transformer_attention(qk_norm=True): RMSNorm inside the attention kernels",
+    "pyg_layer": "torch.nn.LayerNorm on q, k + the PyG MessagePassing, eager (the LayerNorm variants' reference)",
+    "unfused_layer": "eager F.layer_norm on q, k + gtnorm.graph_transformer_attention(qk_norm=False)",
+    "unfused_compiled_layer": "torch.compile'd F.layer_norm on q, k + gtnorm's kernels with qk_norm=False",
+    "anemoi_layer": "eager F.layer_norm on q, k + Anemoi's Triton kernel (anemoi.models.triton.gt), CSC built once "
+    "outside the timed region, edge features gathered into CSC order inside it (as Anemoi's block does)",
+    "fused_layer": "gtnorm.graph_transformer_attention(qk_norm='layer'): LayerNorm (weight, bias) inside the kernels",
     "no_norm": "gtnorm.graph_transformer_attention(qk_norm=False) on the raw q, k: the same kernels without the "
     "norm, so another function (not in the accuracy check); what the fused norm's cost is measured against",
 }
@@ -37,6 +48,8 @@ class BenchInputs:
     edge_attr: Tensor  # [M, H, C], in edge_index order
     q_norm_weight: Tensor  # [C]
     k_norm_weight: Tensor  # [C]
+    q_norm_bias: Tensor  # [C], LayerNorm variants only
+    k_norm_bias: Tensor  # [C], LayerNorm variants only
     grad_out: Tensor  # [N_dst, H, C]: the fixed upstream gradient of every backward
     edge_index: Tensor  # [2, M] int64, row 0 = source, row 1 = destination
     layout: gtnorm.GraphLayout  # built once per graph, outside every timed region (as in training)
@@ -64,15 +77,15 @@ class BenchInputs:
 def make_inputs(
     graph, heads: int, channels: int, dtype: torch.dtype, device: torch.device, eps: float, seed: int = 0
 ) -> BenchInputs:
-    """Random q, k, v, e, upstream gradient, and norm weights 1 + 0.1 * randn (not ones: a weight that does
-    nothing would hide a kernel that ignores it)."""
+    """Random q, k, v, e, upstream gradient, norm weights 1 + 0.1 * randn and biases 0.1 * randn (not ones and
+    zeros: a parameter that does nothing would hide a kernel that ignores it)."""
     generator = torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape: int, grad: bool = True) -> Tensor:
         return torch.randn(*shape, generator=generator, device=device, dtype=dtype).requires_grad_(grad)
 
-    def norm_weight() -> Tensor:
-        w = 1 + 0.1 * torch.randn(channels, generator=generator, device=device, dtype=torch.float32)
+    def norm_weight(offset: float = 1.0) -> Tensor:
+        w = offset + 0.1 * torch.randn(channels, generator=generator, device=device, dtype=torch.float32)
         return w.to(dtype).requires_grad_()
 
     edge_index = graph.edge_index.to(device=device, dtype=torch.int64)
@@ -83,6 +96,8 @@ def make_inputs(
         edge_attr=randn(graph.num_edges, heads, channels),
         q_norm_weight=norm_weight(),
         k_norm_weight=norm_weight(),
+        q_norm_bias=norm_weight(0.0),
+        k_norm_bias=norm_weight(0.0),
         grad_out=randn(graph.num_dst, heads, channels, grad=False),
         edge_index=edge_index,
         layout=gtnorm.GraphLayout.from_edge_index(edge_index, num_nodes=(graph.num_src, graph.num_dst)),
@@ -96,7 +111,8 @@ def cast_inputs(inputs: BenchInputs, dtype: torch.dtype) -> BenchInputs:
     def cast(t: Tensor) -> Tensor:
         return t.detach().to(dtype).requires_grad_(t.requires_grad)
 
-    tensors = ("query", "key", "value", "edge_attr", "q_norm_weight", "k_norm_weight", "grad_out")
+    tensors = ("query", "key", "value", "edge_attr", "q_norm_weight", "k_norm_weight", "q_norm_bias", "k_norm_bias")
+    tensors += ("grad_out",)
     return BenchInputs(
         **{name: cast(getattr(inputs, name)) for name in tensors},
         edge_index=inputs.edge_index,
@@ -109,11 +125,14 @@ def cast_inputs(inputs: BenchInputs, dtype: torch.dtype) -> BenchInputs:
 class Variant:
     name: str
     forward: Callable[[], Tensor]  # returns out [N_dst, H, C]
-    # What receives gradients, in the order dq, dk, dv, de, dwq, dwk (pyg: its own RMSNorm modules' weights).
+    # What receives gradients, in the order dq, dk, dv, de, dwq, dwk (pyg: its own norm modules' weights). The
+    # LayerNorm variants' biases get gradients too (timed), but are not among the compared results.
     leaves: tuple[Tensor, ...]
 
 
 def build_variant(name: str, inputs: BenchInputs) -> Variant:
+    if name in LAYER_NORM_VARIANTS:
+        return _build_layer_norm_variant(name, inputs)
     q, k, v, e, layout, eps = inputs.query, inputs.key, inputs.value, inputs.edge_attr, inputs.layout, inputs.eps
     wq, wk, channels = inputs.q_norm_weight, inputs.k_norm_weight, (inputs.channels,)
     if name in ("pyg", "pyg_compiled"):
@@ -149,3 +168,76 @@ def build_variant(name: str, inputs: BenchInputs) -> Variant:
     else:
         raise ValueError(f"unknown variant {name!r}; expected one of {VARIANTS}")
     return Variant(name, lambda: gtnorm.graph_transformer_attention(norm(q, wq), norm(k, wk), v, e, layout), leaves)
+
+
+def _build_layer_norm_variant(name: str, inputs: BenchInputs) -> Variant:
+    q, k, v, e, layout, eps = inputs.query, inputs.key, inputs.value, inputs.edge_attr, inputs.layout, inputs.eps
+    wq, wk, bq, bk = inputs.q_norm_weight, inputs.k_norm_weight, inputs.q_norm_bias, inputs.k_norm_bias
+    channels = (inputs.channels,)
+    leaves = (q, k, v, e, wq, wk)
+    if name == "fused_layer":
+        return Variant(
+            name,
+            lambda: gtnorm.graph_transformer_attention(
+                q,
+                k,
+                v,
+                e,
+                layout,
+                qk_norm="layer",
+                q_norm_weight=wq,
+                q_norm_bias=bq,
+                k_norm_weight=wk,
+                k_norm_bias=bk,
+                eps=eps,
+            ),  # fmt: skip
+            leaves,
+        )
+
+    def layer_norm(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+        return F.layer_norm(x, channels, w, b, eps)
+
+    if name == "pyg_layer":
+        edge_index, size = inputs.edge_index, (inputs.num_src, inputs.num_dst)
+        return Variant(
+            name,
+            lambda: reference_graph_transformer_attention(
+                q,
+                k,
+                v,
+                e,
+                edge_index,
+                size,
+                q_norm=lambda x: layer_norm(x, wq, bq),
+                k_norm=lambda x: layer_norm(x, wk, bk),
+            ),  # fmt: skip
+            leaves,
+        )
+    if name == "anemoi_layer":
+        return Variant(name, _anemoi_attention(inputs, layer_norm), leaves)
+    norm = torch.compile(layer_norm, dynamic=False) if name == "unfused_compiled_layer" else layer_norm
+    return Variant(
+        name, lambda: gtnorm.graph_transformer_attention(norm(q, wq, bq), norm(k, wk, bk), v, e, layout), leaves
+    )
+
+
+def _anemoi_attention(inputs: BenchInputs, layer_norm) -> Callable[[], Tensor]:
+    """Anemoi's path with qk_norm on: LayerNorm on q and k, then its Triton kernel, called as its
+    GraphTransformerProcessorBlock does (anemoi/models/layers/block.py, apply_gt): CSC and reverse index built
+    with its edge_index_to_csc (here once, outside the timed region, like gtnorm's layout), edge features gathered
+    into CSC order when the graph's edges are not sorted by destination."""
+    if inputs.query.device.type != "cuda":
+        raise RuntimeError("Anemoi's Triton kernel is a CUDA-only custom op")
+    from anemoi.models.triton.gt import graph_transformer_attention_conv
+    from anemoi.models.triton.utils import edge_index_to_csc
+
+    q, k, v, e = inputs.query, inputs.key, inputs.value, inputs.edge_attr
+    wq, wk, bq, bk = inputs.q_norm_weight, inputs.k_norm_weight, inputs.q_norm_bias, inputs.k_norm_bias
+    num_nodes = (inputs.num_src, inputs.num_dst)
+    csc, perm, reverse = edge_index_to_csc(inputs.edge_index, num_nodes=num_nodes, reverse=True)
+
+    def forward() -> Tensor:
+        edges = e.index_select(0, perm) if perm is not None else e
+        return graph_transformer_attention_conv(layer_norm(q, wq, bq), layer_norm(k, wk, bk), v, edges, csc, reverse)
+
+    return forward

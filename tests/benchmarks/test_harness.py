@@ -13,7 +13,15 @@ from benchmarks.graphs import run
 from benchmarks.graphs.accuracy import RESULT_NAMES, outputs_and_grads
 from benchmarks.graphs.catalog import BenchGraph
 from benchmarks.graphs.measure import relative_error
-from benchmarks.graphs.variants import COMPILED_VARIANTS, VARIANTS, build_variant, cast_inputs, make_inputs
+from benchmarks.graphs.variants import (
+    COMPILED_VARIANTS,
+    CUDA_ONLY_VARIANTS,
+    LAYER_NORM_VARIANTS,
+    VARIANTS,
+    build_variant,
+    cast_inputs,
+    make_inputs,
+)
 from gtnorm.nn.reference import reference_graph_transformer_attention
 from tests.conftest import DEVICE, HAS_CUDA
 
@@ -29,13 +37,16 @@ def smoke_graph() -> BenchGraph:
 
 
 def test_variants_compute_the_same_function():
-    """Every variant with the norm that the harness can run here, wired to the same inputs and weights, matches
-    fp64 PyG; the no_norm variant matches fp64 PyG without the norm."""
+    """Every variant with the norm that the harness can run here, wired to the same inputs and parameters,
+    matches fp64 PyG with the same norm (RMSNorm or LayerNorm); the no_norm variant matches fp64 PyG without it."""
     inputs = make_inputs(smoke_graph(), heads=2, channels=16, dtype=torch.float32, device=DEVICE, eps=1e-5)
     exact = cast_inputs(inputs, torch.float64)
-    expected = outputs_and_grads("pyg", exact)
-    runnable = [v for v in VARIANTS if v != "no_norm" and (HAS_CUDA or v not in COMPILED_VARIANTS)]
+    expected_by_norm = {"rms": outputs_and_grads("pyg", exact), "layer": outputs_and_grads("pyg_layer", exact)}
+    cpu_skipped = COMPILED_VARIANTS | CUDA_ONLY_VARIANTS
+    runnable = [v for v in VARIANTS if v != "no_norm" and (HAS_CUDA or v not in cpu_skipped)]
+    assert "fused_layer" in runnable
     for variant in runnable:
+        expected = expected_by_norm["layer" if variant in LAYER_NORM_VARIANTS else "rms"]
         actual = outputs_and_grads(variant, inputs)
         for name in RESULT_NAMES:
             error = relative_error(actual[name], expected[name])
@@ -73,7 +84,7 @@ def test_cli_writes_results(tmp_path, monkeypatch, capsys):
     assert graph["floor"]["fwd_bytes"] < graph["floor"]["fwd_bwd_bytes"]
     for name, modes in graph["variants"].items():
         for mode, measured in modes.items():
-            if name in COMPILED_VARIANTS and not HAS_CUDA:
+            if name in COMPILED_VARIANTS | CUDA_ONLY_VARIANTS and not HAS_CUDA:
                 assert measured["status"].startswith("skipped"), (name, mode)
             else:
                 assert measured["status"] == "ok" and measured["ms"] > 0, (name, mode, measured["status"])
