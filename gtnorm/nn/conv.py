@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from gtnorm._runtime import triton_can_run_on
+from gtnorm._runtime import check_triton_device, triton_can_run_on, warn_auto_uses_interpreter
 from gtnorm.nn.norms import FusedNorm, apply_with_torch, check_norm_eps, fusable_norm
 from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.rmsnorm.module import RMSNorm
@@ -141,14 +141,13 @@ class GraphTransformerConv(torch.nn.Module):
         return self._forward_pyg(query, key, value, edge_attr, edge_index, num_src, num_dst)
 
     def _uses_triton(self, device: torch.device) -> bool:
-        can_run = triton_can_run_on(device)
-        if self.backend == "triton" and not can_run:
-            hint = " (on the CPU they run only under TRITON_INTERPRET=1)" if device.type == "cpu" else ""
-            raise RuntimeError(
-                f"GraphTransformerConv(backend='triton'): the Triton kernels cannot run on {device} tensors here"
-                f"{hint}; use backend='auto' or 'pyg' to fall back to the PyG path"
-            )
-        return self.backend == "triton" or (self.backend == "auto" and can_run)
+        if self.backend == "triton":
+            check_triton_device(device, "GraphTransformerConv(backend='triton')")
+            return True
+        if self.backend == "auto" and triton_can_run_on(device):
+            warn_auto_uses_interpreter(device)
+            return True
+        return False
 
     def _forward_triton(self, query, key, value, edge_attr, edge_index, num_src, num_dst) -> Tensor:
         fused = self._fused_norms()

@@ -280,7 +280,7 @@ def test_auto_uses_triton_exactly_where_it_can_run(monkeypatch, triton_runs):
 def test_cpu_without_interpreter(monkeypatch, count_layout_builds):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     graph = make_graph("decoder_like", seed=14)
-    with pytest.raises(RuntimeError, match="backend='triton'.*TRITON_INTERPRET=1"):
+    with pytest.raises(RuntimeError, match="backend='triton'.*TRITON_INTERPRET"):
         _call(make_conv(8, backend="triton"), graph)
     assert count_layout_builds == []
     out, inputs = _call(make_conv(8, backend="auto"), graph)  # falls back to PyG
