@@ -6,13 +6,16 @@ import copy
 import pickle
 
 import pytest
-import torch
-from anemoi.models.layers import block as anemoi_block
 
-import gtnorm.anemoi
-import gtnorm.nn.conv
-from tests.anemoi.setups import Case, build_pair, forward, make_inputs, rel_error
-from tests.anemoi.test_modules import TOL
+pytest.importorskip("anemoi.models", reason="needs anemoi-models (pip install --no-deps anemoi-models==0.19.0)")
+
+import torch  # noqa: E402
+from anemoi.models.layers import block as anemoi_block  # noqa: E402
+
+import gtnorm.anemoi  # noqa: E402
+import gtnorm.nn.conv  # noqa: E402
+from tests.anemoi.setups import Case, build_pair, forward, make_inputs, rel_error  # noqa: E402
+from tests.anemoi.test_modules import TOL  # noqa: E402
 
 
 def gtnorm_blocks(module):
