@@ -22,7 +22,10 @@ PYTHON=${PYTHON:-python3}
 VENV=${GTNORM_VENV:-.venv}
 VENV_PY="$VENV/bin/python"
 STAMP="$VENV/.gtnorm-install-stamp"
-EXTRAS="test,bench"  # one environment for both commands: pytest and ruff are small
+EXTRAS="test,bench,anemoi"  # one environment for both commands: pytest and ruff are small
+# anemoi-models declares torch<2.11, so it goes in without its pins (its light dependencies come with the
+# anemoi extra); the Anemoi drop-in's tests and example need it.
+ANEMOI_MODELS="anemoi-models==0.19.0"
 CPU_TORCH_INDEX="https://download.pytorch.org/whl/cpu"
 
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }  # the header above
@@ -37,7 +40,7 @@ torch_spec() {
 
 # What the stamp records: a change in any of these reinstalls.
 install_key() {
-  "$PYTHON" - "$EXTRAS" "$(torch_spec)" "${GTNORM_TORCH_PIP_ARGS-<unset>}" "$PWD" <<'EOF'
+  "$PYTHON" - "$EXTRAS $ANEMOI_MODELS" "$(torch_spec)" "${GTNORM_TORCH_PIP_ARGS-<unset>}" "$PWD" <<'EOF'
 import hashlib, sys
 digest = hashlib.sha256(open("pyproject.toml", "rb").read())
 digest.update("\0".join(sys.argv[1:]).encode())
@@ -105,6 +108,7 @@ ensure_installed() {
   install_torch
   echo "run.sh: installing gtnorm (editable) with its $EXTRAS extras" >&2
   "$VENV_PY" -m pip install -q -e ".[$EXTRAS]"
+  "$VENV_PY" -m pip install -q --no-deps "$ANEMOI_MODELS"
   echo "$key" >"$STAMP"
 }
 
