@@ -81,7 +81,8 @@ def check_graph(graph, settings: Settings, device: torch.device, tag: str) -> di
     how = "compiled" if device.type == "cuda" else "through the Triton interpreter"
     print(f"{tag}: fused forward+backward ({how}) against PyG ... ", end="", flush=True)
     start = time.perf_counter()
-    accuracy = check_accuracy(inputs)
+    # The fused RMSNorm only: the LayerNorm mode doubles the interpreter's time, and the tests cover it.
+    accuracy = check_accuracy(inputs, layer_norm=False)
     print(f"done ({time.perf_counter() - start:.1f} s)", flush=True)
     for comparison, errors in accuracy.items():
         print(f"{tag}:   {comparison}: {_errors_text(errors)}", flush=True)
