@@ -1,4 +1,4 @@
-"""gtnorm: graph-transformer attention with RMSNorm on Q and K fused into the Triton kernels.
+"""gtnorm: graph-transformer attention with the QK norm (RMSNorm or LayerNorm) fused into the Triton kernels.
 
 Public names are imported from their modules on first use (gtnorm/_lazy.py), so that ``TRITON_INTERPRET`` may
 still be set after ``import gtnorm``: Triton picks interpreter or compiled when the kernels are first defined.

@@ -1,4 +1,5 @@
-"""The graph-transformer attention kernels (forward, backward) with RMSNorm fused into the Q/K loads.
+"""The graph-transformer attention kernels (forward, backward) with the QK norm (RMSNorm or LayerNorm) fused into
+the Q/K loads.
 
 ``graph_transformer_attention`` (attention.py) is the public op, ``GraphLayout`` (layout.py) the per-graph index
 structure it runs on. Imported on first use (gtnorm/_lazy.py), so ``TRITON_INTERPRET`` may still be set after
