@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from benchmarks.graphs.report import write_result_files
 
 MODES = {"train": "training step", "infer": "inference"}
 
 
 def write_outputs(results: dict, out_dir: Path, plot: bool = True) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out_dir / "results.md").write_text(markdown(results))
-    if plot and results["rows"]:
-        try:
-            write_plot(results, out_dir / "results.png")
-        except Exception as exc:  # noqa: BLE001 - the numbers are written; a plotting problem must not end the run
-            print(f"results.png not written: {type(exc).__name__}: {exc}")
+    write_result_files(results, out_dir, markdown(results), write_plot if plot and results["rows"] else None)
 
 
 def speedup(row: dict, mode: str) -> float | None:

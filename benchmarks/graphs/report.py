@@ -16,12 +16,18 @@ NOT_PERFORMANCE = (
 
 
 def write_outputs(results: dict, out_dir: Path, plot: bool = True) -> None:
+    write_result_files(results, out_dir, markdown(results), write_plot if plot and results["graphs"] else None)
+
+
+def write_result_files(results: dict, out_dir: Path, markdown_text: str, draw_plot=None) -> None:
+    """results.json and results.md in out_dir, and results.png by ``draw_plot(results, path)`` if given (shared
+    with the in-block benchmark, benchmarks/anemoi/report.py)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out_dir / "results.md").write_text(markdown(results))
-    if plot and results["graphs"]:
+    (out_dir / "results.md").write_text(markdown_text)
+    if draw_plot is not None:
         try:
-            write_plot(results, out_dir / "results.png")
+            draw_plot(results, out_dir / "results.png")
         except Exception as exc:  # noqa: BLE001 - the numbers are written; a plotting problem must not end the run
             print(f"results.png not written: {type(exc).__name__}: {exc}")
 

@@ -207,9 +207,7 @@ class _SortedEdges:
             degree.index_add_(0, node, torch.ones_like(node))  # integer sums: the same on every run
             # Nodes without edges to the last slots; a stable sort keeps the visiting order of the rest.
             order = order[torch.argsort((degree[order] == 0).to(torch.int8), stable=True)]
-            slot_of_node = torch.empty_like(order)
-            slot_of_node[order] = arange[:-1]
-            _, positions = torch.sort(slot_of_node[node], stable=True)  # stable: caller's order within a node
+            positions = _walk_positions(node, order)
             walk_node = node[positions]
         offsets = torch.cumsum(torch.cat([degree.new_zeros(1), degree[order]]), dim=0)
         return cls(order, offsets, positions, walk_node, neighbour[positions], (degree > 0).sum())
