@@ -11,6 +11,9 @@ from gtnorm.triton.layout import GraphLayout
 from gtnorm.triton.ops import graph_attention
 
 NORM_KINDS = ("rms", "layer")
+# Raw attributes per edge the fused edge projection takes: its kernels unroll a loop over them and hold a few
+# [heads, D] tiles per program. Wider inputs are better projected by a matmul and passed as edge_attr.
+MAX_EDGE_FEATURES = 64
 # torch.nn.LayerNorm's default; RMSNorm's default (None) depends on the dtype (_runtime.resolve_eps).
 LAYER_NORM_DEFAULT_EPS = 1e-5
 
@@ -28,6 +31,9 @@ def graph_transformer_attention(
     k_norm_weight: Tensor | None = None,  # [C]
     k_norm_bias: Tensor | None = None,  # [C]
     eps: float | None | tuple[float | None, float | None] = None,
+    edge_features: Tensor | None = None,  # [M, D], in the order of the edge_index the layout was built from
+    edge_weight: Tensor | None = None,  # [D, H * C]
+    edge_bias: Tensor | None = None,  # [H * C]
 ) -> Tensor:  # [N_dst, H, C]
     """Graph-transformer attention: for every destination i, softmax over its incoming edges (j -> i) of
     <q'_i, k'_j + e_ij> / sqrt(C), summed messages v_j + e_ij, per head.
@@ -50,19 +56,73 @@ def graph_transformer_attention(
     Destinations without incoming edges get 0. Differentiable in query, key, value, edge_attr and every norm
     parameter.
 
+    Fused edge projection: instead of ``edge_attr``, pass the edges' raw attributes ``edge_features`` [M, D]
+    (D <= 64) with ``edge_weight`` [D, H * C] and optionally ``edge_bias`` [H * C]; then
+    e = (edge_features @ edge_weight + edge_bias).view(M, H, C) is used inside the kernels and never stored
+    (gtnorm/triton/edge_projection.py). torch.nn.Linear(D, H * C) keeps its weight as [H * C, D]: pass
+    ``linear.weight.t()`` (a view; any strides are taken without a copy) and ``linear.bias``. Differentiable in
+    all three; the gradient of edge_features is computed only when it requires grad. Weight and bias gradients
+    are sums over all edges in a fixed order (bitwise reproducible).
+
     Shapes:
         query: [N_dst, H, C]; key, value: [N_src, H, C]; edge_attr: [M, H, C] or None (M = layout.num_edges,
-        in the caller's edge order); norm weights and biases: [C]; output: [N_dst, H, C].
+        in the caller's edge order); norm weights and biases: [C]; edge_features: [M, D]; edge_weight:
+        [D, H * C]; edge_bias: [H * C]; output: [N_dst, H, C].
     """
     kind = norm_kind(qk_norm)
     params = {"q_norm_weight": q_norm_weight, "q_norm_bias": q_norm_bias}
     params.update(k_norm_weight=k_norm_weight, k_norm_bias=k_norm_bias)
     _check_inputs(query, key, value, edge_attr, layout, kind, params)
+    check_edge_projection(edge_attr, edge_features, edge_weight, edge_bias, query, layout.num_edges)
     eps_q, eps_k = resolve_norm_eps(eps, kind, query.dtype, key.dtype)
-    operands = [t.contiguous() if t is not None else None for t in (query, key, value, edge_attr)]
+    operands = [t.contiguous() if t is not None else None for t in (query, key, value, edge_attr, edge_features)]
+    # The weight keeps its strides (the kernels take them): a transposed torch.nn.Linear weight needs no copy.
+    projection = [edge_weight, edge_bias.contiguous() if edge_bias is not None else None]
     norm_params = [p.contiguous() if p is not None else None for p in params.values()]
-    out, _ = graph_attention(*operands, *norm_params, *layout.tensors(), kind or "none", eps_q, eps_k)
+    out, _ = graph_attention(*operands, *projection, *norm_params, *layout.tensors(), kind or "none", eps_q, eps_k)
     return out
+
+
+def check_edge_projection(edge_attr, edge_features, edge_weight, edge_bias, query: Tensor, num_edges: int) -> None:
+    """The checks of the fused edge projection's inputs (ValueError / TypeError naming the argument)."""
+    if edge_features is None:
+        for name, t in (("edge_weight", edge_weight), ("edge_bias", edge_bias)):
+            if t is not None:
+                raise ValueError(f"{name} was given without edge_features (the raw edge attributes it projects)")
+        return
+    if edge_attr is not None:
+        raise ValueError(
+            "pass either edge_attr (edge features [M, H, C]) or edge_features with edge_weight (projected inside "
+            "the kernels), not both"
+        )
+    if edge_weight is None:
+        raise ValueError("edge_features needs edge_weight [D, H * C] (the projection to the edge features)")
+    heads, channels = query.shape[1:]
+    named = {"edge_features": edge_features, "edge_weight": edge_weight}
+    if edge_bias is not None:
+        named["edge_bias"] = edge_bias
+    for name, t in named.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check_dtype(name, t)
+        if t.device != query.device:
+            raise ValueError(f"{name} is on {t.device}, query is on {query.device}")
+    if edge_features.dim() != 2 or edge_features.shape[0] != num_edges:
+        raise ValueError(f"edge_features must have shape [num_edges={num_edges}, D], got {list(edge_features.shape)}")
+    edge_dim = edge_features.shape[1]
+    if not 1 <= edge_dim <= MAX_EDGE_FEATURES:
+        raise ValueError(
+            f"edge_features must have 1 to {MAX_EDGE_FEATURES} attributes per edge, got {edge_dim} (project wider "
+            "ones with a matmul and pass edge_attr)"
+        )
+    if tuple(edge_weight.shape) != (edge_dim, heads * channels):
+        hint = " (a torch.nn.Linear weight is [H * C, D]: pass weight.t())" if edge_weight.dim() == 2 else ""
+        raise ValueError(
+            f"edge_weight must have shape [D={edge_dim}, H * C={heads * channels}], got {list(edge_weight.shape)}"
+            + hint
+        )
+    if edge_bias is not None and tuple(edge_bias.shape) != (heads * channels,):
+        raise ValueError(f"edge_bias must have shape [H * C={heads * channels}], got {list(edge_bias.shape)}")
 
 
 def norm_kind(qk_norm) -> str | None:

@@ -10,6 +10,7 @@ every edge of a flattened walk cost more than it saved (benchmarks/NOTES.md, v2 
 import triton
 import triton.language as tl
 
+from gtnorm.triton.edge_projection import expand_with_weights, features_dot, load_edge_features, project_onto_weights
 from gtnorm.triton.tiles import (
     load_norm_param,
     load_row,
@@ -21,11 +22,15 @@ from gtnorm.triton.tiles import (
 
 @triton.jit
 def _online_softmax_step(
-    q, m, denom, acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr, offsets,
-    mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR: tl.constexpr, NORM: tl.constexpr,
+    q, q_proj, m, denom, acc, feature_acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr,
+    csc_src_ptr, csc_edge_id_ptr, offsets, mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR: tl.constexpr,
+    EDGE_PROJ: tl.constexpr, EDGE_DIM: tl.constexpr, HAS_EDGE_BIAS: tl.constexpr, NORM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     """Folds the edge at by-destination position pos into the running max m [BLOCK_H], denominator [BLOCK_H]
-    and accumulator [BLOCK_H, BLOCK_C] of the online softmax; q is the normalised query [BLOCK_H, BLOCK_C]."""
+    and accumulators of the online softmax: acc [BLOCK_H, BLOCK_C] of the messages, and with EDGE_PROJ
+    feature_acc [BLOCK_H, BLOCK_D] of the edges' extended attributes (edge_projection.py). q is the normalised
+    query [BLOCK_H, BLOCK_C], q_proj its projection onto the edge weights [BLOCK_H, BLOCK_D]."""
     src = tl.load(csc_src_ptr + pos)
     k = normalize_heads(load_row(key_ptr, src, offsets, mask, row_len), w_k, b_k, mask, C, eps_k, NORM)
     v = load_row(value_ptr, src, offsets, mask, row_len)
@@ -33,19 +38,26 @@ def _online_softmax_step(
         e = load_row(edge_attr_ptr, tl.load(csc_edge_id_ptr + pos), offsets, mask, row_len)
         k += e
         v += e
-    s = tl.sum(q * k, axis=1) * score_scale  # [BLOCK_H]
+    s = tl.sum(q * k, axis=1)  # [BLOCK_H]
+    if EDGE_PROJ:
+        x = load_edge_features(edge_features_ptr, tl.load(csc_edge_id_ptr + pos), EDGE_DIM, HAS_EDGE_BIAS, BLOCK_D)
+        s += features_dot(q_proj, x)
+    s = s * score_scale
     m_new = tl.maximum(m, s)
     p = tl.exp2(s - m_new)
     rescale = tl.exp2(m - m_new)
-    return m_new, denom * rescale + p, acc * rescale[:, None] + p[:, None] * v
+    if EDGE_PROJ:
+        feature_acc = feature_acc * rescale[:, None] + p[:, None] * x[None, :]
+    return m_new, denom * rescale + p, acc * rescale[:, None] + p[:, None] * v, feature_acc
 
 
 @triton.jit
 def _attend_node(
-    slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr,
-    csc_edge_id_ptr, out_ptr, lse_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, H, C, score_scale, eps_q, eps_k,
-    HAS_EDGE_ATTR: tl.constexpr, NORM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, edge_weight_ptr, edge_bias_ptr,
+    w_stride_d, w_stride_hc, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr, w_q,
+    b_q, w_k, b_k, offsets, mask, offs_h, H, C, score_scale, eps_q, eps_k, HAS_EDGE_ATTR: tl.constexpr,
+    EDGE_PROJ: tl.constexpr, EDGE_DIM: tl.constexpr, HAS_EDGE_BIAS: tl.constexpr, NORM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
     """Output row and lse of the destination in ``slot`` (which has edges)."""
     row_len = H * C
@@ -57,23 +69,38 @@ def _attend_node(
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
+    feature_acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    q_proj = feature_acc
+    if EDGE_PROJ:
+        q_proj = project_onto_weights(
+            q, edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, offsets, mask, EDGE_DIM, HAS_EDGE_BIAS,
+            BLOCK_D,
+        )  # fmt: skip
     if NUM_STAGES > 0:
         # With NUM_STAGES > 1 the pipeliner issues the loads of the next steps (cp.async into shared memory)
         # while this step computes; that pays on nodes with many edges (config.py).
         for pos in tl.range(start, end, num_stages=NUM_STAGES):
-            m, denom, acc = _online_softmax_step(
-                q, m, denom, acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
-                offsets, mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR, NORM,
+            m, denom, acc, feature_acc = _online_softmax_step(
+                q, q_proj, m, denom, acc, feature_acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr,
+                edge_features_ptr, csc_src_ptr, csc_edge_id_ptr, offsets, mask, row_len, C, score_scale, eps_k,
+                HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_D,
             )  # fmt: skip
     else:
         # The interpreter of older Triton cannot take loaded loop bounds in range(); a while loop it can.
         pos = start
         while pos < end:
-            m, denom, acc = _online_softmax_step(
-                q, m, denom, acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
-                offsets, mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR, NORM,
+            m, denom, acc, feature_acc = _online_softmax_step(
+                q, q_proj, m, denom, acc, feature_acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr,
+                edge_features_ptr, csc_src_ptr, csc_edge_id_ptr, offsets, mask, row_len, C, score_scale, eps_k,
+                HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_D,
             )  # fmt: skip
             pos += 1
+    if EDGE_PROJ:
+        # sum_j p_ij e_ij, expanded once per node from the p-weighted sum of the edges' attributes.
+        acc += expand_with_weights(
+            feature_acc, edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, offsets, mask, EDGE_DIM,
+            HAS_EDGE_BIAS, BLOCK_D,
+        )  # fmt: skip
     store_row(out_ptr, node, offsets, mask, row_len, acc / denom[:, None])
     tl.store(lse_ptr + node.to(tl.int64) * H + offs_h, m + tl.log2(denom), mask=offs_h < H)
 
@@ -84,6 +111,11 @@ def graph_attention_forward_kernel(
     key_ptr,  # [N_src, H, C]
     value_ptr,  # [N_src, H, C]
     edge_attr_ptr,  # [M, H, C] in the caller's edge order (unused without HAS_EDGE_ATTR)
+    edge_features_ptr,  # [M, EDGE_DIM] in the caller's edge order (unused without EDGE_PROJ)
+    edge_weight_ptr,  # [EDGE_DIM, H * C], strides (w_stride_d, w_stride_hc) (unused without EDGE_PROJ)
+    edge_bias_ptr,  # [H * C] (unused without HAS_EDGE_BIAS)
+    w_stride_d,
+    w_stride_hc,
     q_weight_ptr,  # [C] (unused without HAS_Q_WEIGHT)
     q_bias_ptr,  # [C] (unused without HAS_Q_BIAS)
     k_weight_ptr,  # [C] (unused without HAS_K_WEIGHT)
@@ -102,6 +134,9 @@ def graph_attention_forward_kernel(
     eps_q,
     eps_k,
     HAS_EDGE_ATTR: tl.constexpr,
+    EDGE_PROJ: tl.constexpr,  # edge features projected from edge_features inside the kernel (edge_projection.py)
+    EDGE_DIM: tl.constexpr,  # D, the raw attributes per edge (0 without EDGE_PROJ)
+    HAS_EDGE_BIAS: tl.constexpr,
     NORM: tl.constexpr,  # tiles.NORM_NONE / NORM_RMS / NORM_LAYER
     HAS_Q_WEIGHT: tl.constexpr,
     HAS_Q_BIAS: tl.constexpr,
@@ -109,6 +144,7 @@ def graph_attention_forward_kernel(
     HAS_K_BIAS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # EDGE_DIM + HAS_EDGE_BIAS padded to a power of two (1 without EDGE_PROJ)
     NUM_STAGES: tl.constexpr,
 ):
     # Heads are independent (the norm is per head), so a program may take a group of BLOCK_H of them.
@@ -125,14 +161,17 @@ def graph_attention_forward_kernel(
         last_slot = tl.minimum(slot + nodes_per_program, num_slots)
         while slot < last_slot:
             _attend_node(
-                slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr,
+                slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, edge_weight_ptr,
+                edge_bias_ptr, w_stride_d, w_stride_hc, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr,
                 csc_edge_id_ptr, out_ptr, lse_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, H, C, score_scale,
-                eps_q, eps_k, HAS_EDGE_ATTR, NORM, BLOCK_H, BLOCK_C, NUM_STAGES,
+                eps_q, eps_k, HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_H, BLOCK_C, BLOCK_D,
+                NUM_STAGES,
             )  # fmt: skip
             slot += 1
     else:
         _attend_node(
-            tl.program_id(0), query_ptr, key_ptr, value_ptr, edge_attr_ptr, dst_offsets_ptr, dst_by_slot_ptr,
-            csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, H, C,
-            score_scale, eps_q, eps_k, HAS_EDGE_ATTR, NORM, BLOCK_H, BLOCK_C, NUM_STAGES,
+            tl.program_id(0), query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, edge_weight_ptr,
+            edge_bias_ptr, w_stride_d, w_stride_hc, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr, csc_edge_id_ptr,
+            out_ptr, lse_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, H, C, score_scale, eps_q, eps_k,
+            HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_H, BLOCK_C, BLOCK_D, NUM_STAGES,
         )  # fmt: skip

@@ -15,19 +15,23 @@ import torch
 import triton
 from torch import Tensor
 
-from gtnorm._runtime import device_guard, new_output
+from gtnorm._runtime import device_guard, new_output, sm_count
 from gtnorm.triton.backward_kernels import (
     edge_softmax_backward_by_destination_kernel,
     edge_softmax_backward_by_source_kernel,
 )
-from gtnorm.triton.config import attention_launch_config, column_sum_launch
+from gtnorm.triton.config import attention_launch_config, column_sum_launch, next_power_of_2
+from gtnorm.triton.edge_weight_grad_kernel import edge_weight_grad_kernel
 from gtnorm.triton.forward_kernel import graph_attention_forward_kernel
 from gtnorm.triton.partial_sum_kernel import column_sum_kernel
 
 LOG2E = 1.4426950408889634
 # The ops' ``qk_norm`` names -> the kernels' NORM constexpr (tiles.NORM_NONE / NORM_RMS / NORM_LAYER).
 NORM_CODES = {"none": 0, "rms": 1, "layer": 2}
-
+# The edge weights' gradient (edge_weight_grad_kernel.py): destinations per tile, and programs per SM over all
+# heads. A few per SM fill the GPU; more would only add [D + 1, H * C] fp32 partial blocks to sum.
+_EDGE_WEIGHT_GRAD_BLOCK_N = 32
+_EDGE_WEIGHT_GRAD_PROGRAMS_PER_SM = 4
 
 
 def attention_forward(
@@ -35,6 +39,9 @@ def attention_forward(
     key: Tensor,  # [N_src, H, C]
     value: Tensor,  # [N_src, H, C]
     edge_attr: Tensor | None,  # [M, H, C]
+    edge_features: Tensor | None,  # [M, D]: e = edge_features @ edge_weight + edge_bias, never formed
+    edge_weight: Tensor | None,  # [D, H * C], any strides
+    edge_bias: Tensor | None,  # [H * C]
     q_norm_weight: Tensor | None,  # [C]
     q_norm_bias: Tensor | None,  # [C]
     k_norm_weight: Tensor | None,  # [C]
@@ -74,11 +81,13 @@ def attention_forward(
         graph_attention_forward_kernel[(triton.cdiv(busy_slots, nodes_per_program), fwd.head_groups)](
             query, key, value,
             edge_attr if edge_attr is not None else query,
+            *_edge_projection_args(query, edge_features, edge_weight, edge_bias),
             *_or(query, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias),
             dst_offsets, dst_by_slot, csc_src, csc_edge_id,
             out, lse,
             busy_slots, nodes_per_program, num_heads, head_dim, LOG2E / math.sqrt(head_dim), eps_q, eps_k,
             HAS_EDGE_ATTR=edge_attr is not None,
+            **_edge_projection_flags(edge_features, edge_bias),
             **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias),
             BLOCK_H=fwd.block_h, BLOCK_C=launch.block_c, NUM_STAGES=num_stages, num_warps=fwd.num_warps,
             **fwd.compile_options(),
@@ -92,7 +101,7 @@ graph_attention_forward = torch.library.custom_op("gtnorm::graph_attention_forwa
 
 
 @graph_attention_forward.register_fake
-def _(query, key, value, edge_attr, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias, *layout_and_flags):
+def _(query, key, value, *edges_norm_params_layout_and_flags):
     return torch.empty_like(query), query.new_empty(query.shape[:2], dtype=torch.float32)
 
 
@@ -102,6 +111,9 @@ def attention_backward(
     key: Tensor,  # [N_src, H, C]
     value: Tensor,  # [N_src, H, C]
     edge_attr: Tensor | None,  # [M, H, C]
+    edge_features: Tensor | None,  # [M, D]
+    edge_weight: Tensor | None,  # [D, H * C], any strides
+    edge_bias: Tensor | None,  # [H * C]
     q_norm_weight: Tensor | None,  # [C]
     q_norm_bias: Tensor | None,  # [C]
     k_norm_weight: Tensor | None,  # [C]
@@ -121,9 +133,11 @@ def attention_backward(
     qk_norm: str,  # "none", "rms" or "layer"
     eps_q: float,
     eps_k: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Returns (dq, dk, dv, d_edge_attr, d_q_norm_weight, d_q_norm_bias, d_k_norm_weight, d_k_norm_bias), each in
-    its input's dtype; absent inputs get empty fp32 grads."""
+    edge_features_grad: bool,  # whether to compute d edge_features
+) -> tuple[Tensor, ...]:
+    """Returns (dq, dk, dv, d_edge_attr, d_edge_features, d_edge_weight, d_edge_bias, d_q_norm_weight,
+    d_q_norm_bias, d_k_norm_weight, d_k_norm_bias), each in its input's dtype (contiguous); absent inputs (and
+    edge_features without edge_features_grad) get empty fp32 grads."""
     num_dst, num_heads, head_dim = query.shape
     num_src = key.shape[0]
     num_edges = csc_src.numel()
@@ -138,6 +152,14 @@ def attention_backward(
     attn = new_output((num_edges, num_heads), torch.float32, device)
     grad_attn = new_output((num_edges, num_heads), torch.float32, device)
     delta = new_output((num_dst, num_heads), torch.float32, device)
+    edge_proj = edge_features is not None
+    edge_features_grad = edge_proj and edge_features_grad
+    edge_dim = edge_features.shape[1] if edge_proj else 0
+    extended_dim = edge_dim + (edge_bias is not None)
+    # Per destination: sum a x and sum dS x / sqrt(C) over its edges, for the edge weights' gradient; and the
+    # projections of q' and dO onto the weights, for d edge_features (backward_kernels.py).
+    feature_sums = new_output((num_dst if edge_proj else 0, 2, num_heads, extended_dim), torch.float32, device)
+    node_proj = new_output((num_dst if edge_features_grad else 0, 2, num_heads, edge_dim), torch.float32, device)
 
     launch = attention_launch_config(num_heads, head_dim)
     by_dst, by_src = launch.by_destination, launch.by_source
@@ -154,23 +176,31 @@ def attention_backward(
     q_partial_width, k_partial_width = len(q_params) * head_dim, len(k_params) * head_dim
     q_partial = new_output((dst_programs * by_dst.head_groups, q_partial_width), torch.float32, device)
     k_partial = new_output((src_programs * by_src.head_groups, k_partial_width), torch.float32, device)
+    grad_features_partial = new_output(
+        (by_src.head_groups if edge_features_grad else 0, num_edges, edge_dim), torch.float32, device
+    )
     flags = dict(
         HAS_EDGE_ATTR=has_edge_attr,
         **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias),
         BLOCK_C=launch.block_c,
     )
+    edge_projection_flags = _edge_projection_flags(edge_features, edge_bias)
     q_weight, q_bias, k_weight, k_bias = _or(query, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias)
     sm_scale = 1.0 / math.sqrt(head_dim)
     with device_guard(device):
         _zero_rows((grad_query,), dst_without_edges)
         _zero_rows((grad_key, grad_value), src_without_edges)
+        _zero_rows((feature_sums,), dst_without_edges)  # the edge weights' gradient sums over every destination
         if dst_programs:
             edge_softmax_backward_by_destination_kernel[(dst_programs, by_dst.head_groups)](
-                query, key, value, edge_attr if has_edge_attr else query, q_weight, q_bias, k_weight, k_bias,
+                query, key, value, edge_attr if has_edge_attr else query,
+                *_edge_projection_args(query, edge_features, edge_weight, edge_bias),
+                q_weight, q_bias, k_weight, k_bias,
                 dst_offsets, csc_dst, csc_src, csc_edge_id,
                 grad_out, lse,
-                grad_query, attn, grad_attn, delta, q_partial, q_partial_width,
+                grad_query, attn, grad_attn, delta, feature_sums, node_proj, q_partial, q_partial_width,
                 dst_slots, dst_per_program, num_heads, head_dim, LOG2E * sm_scale, sm_scale, eps_q, eps_k,
+                EDGE_FEATURES_GRAD=edge_features_grad, **edge_projection_flags,
                 BLOCK_H=by_dst.block_h, NUM_STAGES=by_dst.num_stages, num_warps=by_dst.num_warps,
                 **by_dst.compile_options(), **flags,
             )  # fmt: skip
@@ -178,15 +208,85 @@ def attention_backward(
             edge_softmax_backward_by_source_kernel[(src_programs, by_src.head_groups)](
                 query, key, q_weight, q_bias, k_weight,
                 src_offsets, csr_src, csr_dst, csr_edge_id,
-                grad_out, attn, grad_attn, delta,
-                grad_key, grad_value, grad_edge_attr if has_edge_attr else query, k_partial, k_partial_width,
-                src_slots, src_per_program, num_heads, head_dim, sm_scale, eps_q, eps_k,
+                grad_out, attn, grad_attn, delta, node_proj,
+                grad_key, grad_value, grad_edge_attr if has_edge_attr else query, grad_features_partial,
+                k_partial, k_partial_width,
+                src_slots, src_per_program, num_edges, num_heads, head_dim, sm_scale, eps_q, eps_k,
+                EDGE_DIM=edge_dim if edge_features_grad else 0, EDGE_FEATURES_GRAD=edge_features_grad,
+                BLOCK_D=next_power_of_2(edge_dim) if edge_features_grad else 1,
                 BLOCK_H=by_src.block_h, NUM_STAGES=by_src.num_stages, num_warps=by_src.num_warps,
                 **by_src.compile_options(), **flags,
             )  # fmt: skip
         grad_q_weight, grad_q_bias = _param_grads(q_norm_weight, q_norm_bias, q_partial, normed, device)
         grad_k_weight, grad_k_bias = _param_grads(k_norm_weight, k_norm_bias, k_partial, normed, device)
-    return grad_query, grad_key, grad_value, grad_edge_attr, grad_q_weight, grad_q_bias, grad_k_weight, grad_k_bias
+        grad_edge_features = _edge_features_grad(edge_features, grad_features_partial, edge_features_grad, device)
+        grad_edge_weight, grad_edge_bias = _edge_weight_grads(
+            edge_weight, edge_bias, feature_sums, query, grad_out, q_norm_weight, q_norm_bias, qk_norm, eps_q
+        )
+    return (
+        grad_query, grad_key, grad_value, grad_edge_attr, grad_edge_features, grad_edge_weight, grad_edge_bias,
+        grad_q_weight, grad_q_bias, grad_k_weight, grad_k_bias,
+    )  # fmt: skip
+
+
+def _edge_projection_args(fallback: Tensor, edge_features, edge_weight, edge_bias) -> list:
+    """The kernels' edge-projection arguments: features, weight, bias pointers and the weight's two strides."""
+    strides = edge_weight.stride() if edge_weight is not None else (0, 0)
+    return [*_or(fallback, edge_features, edge_weight, edge_bias), *strides]
+
+
+def _edge_projection_flags(edge_features: Tensor | None, edge_bias: Tensor | None) -> dict:
+    edge_dim = edge_features.shape[1] if edge_features is not None else 0
+    extended_dim = edge_dim + (edge_bias is not None)
+    return dict(
+        EDGE_PROJ=edge_features is not None,
+        EDGE_DIM=edge_dim,
+        HAS_EDGE_BIAS=edge_bias is not None,
+        BLOCK_D=next_power_of_2(extended_dim) if edge_features is not None else 1,
+    )
+
+
+def _edge_features_grad(edge_features: Tensor | None, partial: Tensor, computed: bool, device) -> Tensor:
+    """d edge_features [M, D] from the by-source pass's per-head-group rows [groups, M, D] (fixed-order sum)."""
+    if not computed:
+        return torch.empty(0, dtype=torch.float32, device=device)
+    grad = partial[0] if partial.shape[0] == 1 else partial.sum(dim=0)
+    return grad.to(edge_features.dtype, copy=True)
+
+
+def _edge_weight_grads(
+    edge_weight: Tensor | None,  # [D, H * C]
+    edge_bias: Tensor | None,  # [H * C]
+    feature_sums: Tensor,  # [N_dst, 2, H, D + bias] fp32
+    query: Tensor,  # [N_dst, H, C]
+    grad_out: Tensor,  # [N_dst, H, C]
+    q_norm_weight: Tensor | None,
+    q_norm_bias: Tensor | None,
+    qk_norm: str,
+    eps_q: float,
+) -> tuple[Tensor, Tensor]:
+    """(d edge_weight [D, H * C], d edge_bias [H * C]) from the by-destination pass's per-destination sums."""
+    empty = torch.empty(0, dtype=torch.float32, device=query.device)
+    if edge_weight is None:
+        return empty, empty
+    num_dst, num_heads, head_dim = query.shape
+    extended_dim = feature_sums.shape[3]
+    block_n = _EDGE_WEIGHT_GRAD_BLOCK_N
+    programs = max(1, min(triton.cdiv(num_dst, block_n), _EDGE_WEIGHT_GRAD_PROGRAMS_PER_SM * sm_count(query.device)))
+    nodes_per_program = triton.cdiv(triton.cdiv(max(num_dst, 1), programs), block_n) * block_n
+    programs = triton.cdiv(max(num_dst, 1), nodes_per_program)
+    partial = new_output((programs, extended_dim, num_heads * head_dim), torch.float32, query.device)
+    edge_weight_grad_kernel[(programs, num_heads)](
+        feature_sums, query, grad_out, *_or(query, q_norm_weight, q_norm_bias), partial,
+        num_dst, nodes_per_program, num_heads, head_dim, eps_q,
+        D1=extended_dim, NORM=NORM_CODES[qk_norm], HAS_Q_WEIGHT=q_norm_weight is not None,
+        HAS_Q_BIAS=q_norm_bias is not None, BLOCK_N=block_n, BLOCK_D=max(16, next_power_of_2(extended_dim)),
+        BLOCK_C=max(16, next_power_of_2(head_dim)),
+    )  # fmt: skip
+    sums = partial.sum(dim=0)  # [D + bias, H * C], over the programs in a fixed order
+    grad_weight = sums[: edge_weight.shape[0]].to(edge_weight.dtype, copy=True)
+    grad_bias = sums[edge_weight.shape[0]].to(edge_bias.dtype, copy=True) if edge_bias is not None else empty
+    return grad_weight, grad_bias
 
 
 def _or(fallback: Tensor, *tensors: Tensor | None) -> list[Tensor]:
@@ -246,44 +346,52 @@ graph_attention_backward = torch.library.custom_op("gtnorm::graph_attention_back
 
 
 @graph_attention_backward.register_fake
-def _(grad_out, query, key, value, edge_attr, *norm_params_lse_layout_and_flags):
+def _(grad_out, query, key, value, edge_attr, edge_features, edge_weight, edge_bias, *rest):
     def grad_or_empty(t):
-        return torch.empty_like(t) if t is not None else query.new_empty((0,), dtype=torch.float32)
+        empty = query.new_empty((0,), dtype=torch.float32)
+        return t.new_empty(t.shape) if t is not None else empty  # contiguous, as the real grads
 
     grad_edge_attr = torch.empty_like(edge_attr) if edge_attr is not None else query.new_empty((0,))
-    norm_params = norm_params_lse_layout_and_flags[:4]
+    norm_params, edge_features_grad = rest[:_NORM_PARAMS], rest[-1]
     return (
         torch.empty_like(query),
         torch.empty_like(key),
         torch.empty_like(value),
         grad_edge_attr,
+        grad_or_empty(edge_features if edge_features_grad else None),
+        grad_or_empty(edge_weight),
+        grad_or_empty(edge_bias),
         *(grad_or_empty(p) for p in norm_params),
     )
 
 
 _LAYOUT_ARGS = 11  # GraphLayout.tensors()
-
-
-_NORM_PARAMS = 4  # q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias
+# query, key, value, edge_attr, edge_features, edge_weight, edge_bias, q_norm_weight, q_norm_bias, k_norm_weight,
+# k_norm_bias: the op's differentiable inputs, in its argument order.
+_TENSOR_INPUTS = 11
+_EDGE_FEATURES_INPUT = 4
+_NORM_PARAMS = 4
 
 
 def _setup_context(ctx, inputs, output):
-    (query, key, value, edge_attr, *rest) = inputs
-    norm_params, layout = rest[:_NORM_PARAMS], rest[_NORM_PARAMS : _NORM_PARAMS + _LAYOUT_ARGS]
-    ctx.qk_norm, ctx.eps_q, ctx.eps_k = rest[_NORM_PARAMS + _LAYOUT_ARGS :]
-    ctx.save_for_backward(query, key, value, edge_attr, *norm_params, output[1], *layout)
+    tensors = inputs[:_TENSOR_INPUTS]
+    layout = inputs[_TENSOR_INPUTS : _TENSOR_INPUTS + _LAYOUT_ARGS]
+    ctx.qk_norm, ctx.eps_q, ctx.eps_k = inputs[_TENSOR_INPUTS + _LAYOUT_ARGS :]
+    ctx.save_for_backward(*tensors, output[1], *layout)
     ctx.mark_non_differentiable(output[1])
 
 
 def _backward(ctx, grad_out, _grad_lse, backward=torch.ops.gtnorm.graph_attention_backward):
-    query, key, value, edge_attr, *rest = ctx.saved_tensors
-    norm_params, lse, layout = rest[:_NORM_PARAMS], rest[_NORM_PARAMS], rest[_NORM_PARAMS + 1 :]
-    grads = backward(
-        grad_out, query, key, value, edge_attr, *norm_params, lse, *layout, ctx.qk_norm, ctx.eps_q, ctx.eps_k
-    )
-    inputs = (query, key, value, edge_attr, *norm_params)
+    inputs, lse, layout = (
+        ctx.saved_tensors[:_TENSOR_INPUTS], ctx.saved_tensors[_TENSOR_INPUTS], ctx.saved_tensors[_TENSOR_INPUTS + 1 :]
+    )  # fmt: skip
+    edge_features_grad = ctx.needs_input_grad[_EDGE_FEATURES_INPUT]
+    grads = backward(grad_out, *inputs, lse, *layout, ctx.qk_norm, ctx.eps_q, ctx.eps_k, edge_features_grad)
+    # d edge_features is empty unless asked for: None there, as for absent inputs.
+    needed = [t is not None for t in inputs]
+    needed[_EDGE_FEATURES_INPUT] = edge_features_grad
     return (
-        *(grad if t is not None else None for grad, t in zip(grads, inputs, strict=True)),
+        *(grad if need else None for grad, need in zip(grads, needed, strict=True)),
         *([None] * _LAYOUT_ARGS),
         None,
         None,
