@@ -134,7 +134,7 @@ def attention_backward(
     eps_q: float,
     eps_k: float,
     edge_features_grad: bool,  # whether to compute d edge_features
-) -> tuple[Tensor, ...]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Returns (dq, dk, dv, d_edge_attr, d_edge_features, d_edge_weight, d_edge_bias, d_q_norm_weight,
     d_q_norm_bias, d_k_norm_weight, d_k_norm_bias), each in its input's dtype (contiguous); absent inputs (and
     edge_features without edge_features_grad) get empty fp32 grads."""
