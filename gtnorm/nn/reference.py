@@ -75,13 +75,37 @@ def reference_graph_transformer_attention(
     size: tuple[int, int] | None = None,  # (N_src, N_dst); None: taken from key and query
     q_norm: Callable[[Tensor], Tensor] | None = None,  # e.g. torch.nn.RMSNorm(C), applied to [N_dst, H, C]
     k_norm: Callable[[Tensor], Tensor] | None = None,  # e.g. torch.nn.RMSNorm(C), applied to [N_src, H, C]
+    *,
+    edge_features: Tensor | None = None,  # [M, D], in edge_index's order; instead of edge_attr
+    edge_weight: Tensor | None = None,  # [D, H * C]
+    edge_bias: Tensor | None = None,  # [H * C]
 ) -> Tensor:  # [N_dst, H, C]
     """The op gtnorm's kernels compute (README.md, top) in plain torch + PyG: optional norms on query and key
     (normalised over C, weight shared by the heads), then :class:`GraphTransformerMessagePassing`. Runs in any
-    floating dtype, float64 included, on any device; differentiable in everything, norm weights included."""
+    floating dtype, float64 included, on any device; differentiable in everything, norm weights included.
+
+    With ``edge_features`` (and ``edge_weight``, optionally ``edge_bias``) the edge features are their projection
+    edge_features @ edge_weight + edge_bias, viewed [M, H, C] (formed here; the fused kernels never form it)."""
+    if edge_features is not None:
+        if edge_attr is not None:
+            raise ValueError("pass either edge_attr or edge_features with edge_weight, not both")
+        edge_attr = project_edge_features(edge_features, edge_weight, edge_bias, query.shape[1])
     if q_norm is not None:
         query = q_norm(query)
     if k_norm is not None:
         key = k_norm(key)
     # PyG's scatter needs int64 indices.
     return _MESSAGE_PASSING(query, key, value, edge_attr, edge_index.long(), size=size)
+
+
+def project_edge_features(
+    edge_features: Tensor,  # [M, D]
+    edge_weight: Tensor,  # [D, H * C]
+    edge_bias: Tensor | None,  # [H * C]
+    heads: int,
+) -> Tensor:  # [M, H, C]
+    """The edge features the fused edge projection stands for: edge_features @ edge_weight + edge_bias, per head."""
+    edge_attr = edge_features @ edge_weight
+    if edge_bias is not None:
+        edge_attr = edge_attr + edge_bias
+    return edge_attr.view(edge_features.shape[0], heads, -1)
