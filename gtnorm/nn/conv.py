@@ -58,10 +58,17 @@ class GraphTransformerConv(torch.nn.Module):
             subclasses of these (e.g. Anemoi's AutocastLayerNorm), over the last axis (normalized_shape ==
             (C,)), with or without weight and bias. Any other module, or a pair of different kinds, is applied
             as the caller's module before the kernels (correct, not fused), with one warning per module.
+        lin_edge: the caller's edge projection, a torch.nn.Linear(D, H * C) (kept as the submodule ``lin_edge``).
+            Then ``edge_attr`` holds the edges' D raw attributes, [M, D], and the edge features are
+            ``lin_edge(edge_attr)`` viewed [M, H, C]: on the Triton backend computed inside the kernels and never
+            stored (the fused edge projection of :func:`gtnorm.graph_transformer_attention`), on the PyG backend
+            by the module. A subclass that overrides forward is applied as a module before the kernels (correct,
+            not fused), with one warning.
 
     Shapes:
-        query: [N_dst, H, C]; key, value: [N_src, H, C]; edge_attr: [M, H, C] or None, in edge_index's order;
-        edge_index: [2, M] (row 0 = source, row 1 = destination); output: [N_dst, H, C] in query's dtype.
+        query: [N_dst, H, C]; key, value: [N_src, H, C]; edge_attr: [M, H, C] or None, in edge_index's order
+        ([M, D] with lin_edge); edge_index: [2, M] (row 0 = source, row 1 = destination); output: [N_dst, H, C] in
+        query's dtype.
         query, key, value and edge_attr may have different floating dtypes (e.g. under autocast).
 
     The Triton backend needs a :class:`gtnorm.GraphLayout` of the graph: built on first sight of a graph and
@@ -78,6 +85,7 @@ class GraphTransformerConv(torch.nn.Module):
         backend: str = "auto",
         q_norm: torch.nn.Module | None = None,
         k_norm: torch.nn.Module | None = None,
+        lin_edge: torch.nn.Linear | None = None,
     ):
         super().__init__()
         if positional:
@@ -111,14 +119,17 @@ class GraphTransformerConv(torch.nn.Module):
                 raise ValueError(f"eps must be non-negative, got {eps}")
             eps = LAYER_NORM_DEFAULT_EPS if eps is None else eps
             q_norm, k_norm = torch.nn.LayerNorm(out_channels, eps=eps), torch.nn.LayerNorm(out_channels, eps=eps)
-        # Registered even when None: the attributes exist, and the state_dict has no norm keys.
+        if lin_edge is not None and not isinstance(lin_edge, torch.nn.Linear):
+            raise TypeError(f"lin_edge must be a torch.nn.Linear or None, got {type(lin_edge).__name__}")
+        # Registered even when None: the attributes exist, and the state_dict has no norm or projection keys.
         self.register_module("q_norm", q_norm)
         self.register_module("k_norm", k_norm)
+        self.register_module("lin_edge", lin_edge)
         self._warned_unfused: set[tuple[str, int]] = set()
 
     def reset_parameters(self) -> None:
-        """Re-initialises the norms' parameters (the layer has no others)."""
-        for norm in (self.q_norm, self.k_norm):
+        """Re-initialises the norms' and lin_edge's parameters (the layer has no others)."""
+        for norm in (self.q_norm, self.k_norm, self.lin_edge):
             if norm is not None and hasattr(norm, "reset_parameters"):
                 norm.reset_parameters()
 
@@ -130,7 +141,7 @@ class GraphTransformerConv(torch.nn.Module):
         query: Tensor,  # [N_dst, H, C]
         key: Tensor,  # [N_src, H, C]
         value: Tensor,  # [N_src, H, C]
-        edge_attr: Tensor | None,  # [M, H, C], in edge_index's order
+        edge_attr: Tensor | None,  # [M, H, C], in edge_index's order; [M, D] raw attributes with lin_edge
         edge_index: Tensor,  # [2, M] int64/int32: row 0 = source, row 1 = destination
         size: tuple[int, int] | None = None,  # (N_src, N_dst); None: a square graph of query.shape[0] nodes
     ) -> Tensor:  # [N_dst, H, C]
@@ -156,12 +167,40 @@ class GraphTransformerConv(torch.nn.Module):
             fused_q = fused_k = FusedNorm(False, None, None, None)
         else:
             fused_q, fused_k = fused
+        projection = {}
+        if self.lin_edge is not None:
+            if self._edge_projection_fusable():
+                # Linear keeps its weight as [H * C, D]: the transposed view, taken by the kernels without a copy.
+                projection = dict(
+                    edge_features=edge_attr, edge_weight=self.lin_edge.weight.t(), edge_bias=self.lin_edge.bias
+                )
+                edge_attr = None
+            else:
+                edge_attr = self._project_edges(edge_attr, query.shape[1])
         layout = cached_layout(edge_index, (num_src, num_dst))
         return graph_transformer_attention(
             query, key, value, edge_attr, layout,
             qk_norm=fused_q.kind, q_norm_weight=fused_q.weight, q_norm_bias=fused_q.bias,
-            k_norm_weight=fused_k.weight, k_norm_bias=fused_k.bias, eps=(fused_q.eps, fused_k.eps),
+            k_norm_weight=fused_k.weight, k_norm_bias=fused_k.bias, eps=(fused_q.eps, fused_k.eps), **projection,
         )  # fmt: skip
+
+    def _edge_projection_fusable(self) -> bool:
+        """Whether the kernels can apply lin_edge themselves: a Linear whose forward is torch.nn.Linear's (warns
+        once when not)."""
+        if type(self.lin_edge).forward is torch.nn.Linear.forward:
+            return True
+        key = ("lin_edge", id(self.lin_edge))
+        if key not in self._warned_unfused:
+            self._warned_unfused.add(key)
+            warnings.warn(
+                f"GraphTransformerConv: lin_edge ({type(self.lin_edge).__name__}) overrides torch.nn.Linear.forward, "
+                "so it is applied before the Triton kernels, not fused into them. The result is correct.",
+                stacklevel=4,
+            )
+        return False
+
+    def _project_edges(self, edge_attr: Tensor, heads: int) -> Tensor:  # [M, D] -> [M, H, C]
+        return self.lin_edge(edge_attr).view(edge_attr.shape[0], heads, self.out_channels)
 
     def _forward_pyg(self, query, key, value, edge_attr, edge_index, num_src, num_dst) -> Tensor:
         # The Triton path range-checks indices while building its layout; PyG would fail inside a scatter
@@ -175,6 +214,8 @@ class GraphTransformerConv(torch.nn.Module):
             check_edge_index(edge_index, (num_src, num_dst))
         query_dtype = query.dtype
         query, key = self._apply_norms(query, key)
+        if self.lin_edge is not None:
+            edge_attr = self._project_edges(edge_attr, query.shape[1])
         # Mixed operand dtypes: computed in the widest of them, returned in the query's (as the kernels do).
         operands = [t for t in (query, key, value, edge_attr) if t is not None]
         dtype = functools.reduce(torch.promote_types, (t.dtype for t in operands))
@@ -224,10 +265,12 @@ class GraphTransformerConv(torch.nn.Module):
         Index ranges are checked on the way (by GraphLayout or check_edge_index); dtypes the kernels do
         not support are refused by graph_transformer_attention.
         """
-        check_attention_tensors(query, key, value, edge_attr)
+        check_attention_tensors(query, key, value, edge_attr if self.lin_edge is None else None)
         channels = query.shape[2]
         if channels != self.out_channels:
             raise ValueError(f"query has {channels} channels per head, but out_channels={self.out_channels}")
+        if self.lin_edge is not None:
+            self._check_edge_projection(edge_attr, query)
 
         check_edge_index_format(edge_index)
         if edge_index.device != query.device:
@@ -250,6 +293,30 @@ class GraphTransformerConv(torch.nn.Module):
 
         num_src, num_dst = _resolve_size(size, key.shape[0], query.shape[0])
         return num_src, num_dst
+
+    def _check_edge_projection(self, edge_attr, query: Tensor) -> None:
+        """With lin_edge: edge_attr holds raw attributes [M, D], and lin_edge maps D to H * C."""
+        if not isinstance(edge_attr, Tensor):
+            raise TypeError(f"with lin_edge, edge_attr must be the raw edge attributes [M, D], got {edge_attr!r}")
+        in_features, out_features = self.lin_edge.in_features, self.lin_edge.out_features
+        if edge_attr.dim() != 2 or edge_attr.shape[1] != in_features:
+            raise ValueError(
+                f"with lin_edge, edge_attr must have shape [num_edges, {in_features}] (lin_edge.in_features), got "
+                f"{list(edge_attr.shape)}"
+            )
+        if not edge_attr.is_floating_point():
+            raise TypeError(f"edge_attr must be a floating-point tensor, got {edge_attr.dtype}")
+        if edge_attr.device != query.device:
+            raise ValueError(f"edge_attr is on {edge_attr.device}, query is on {query.device}")
+        heads = query.shape[1]
+        if out_features != heads * self.out_channels:
+            raise ValueError(
+                f"lin_edge.out_features is {out_features}, the attention has {heads} heads x {self.out_channels} "
+                f"channels = {heads * self.out_channels}"
+            )
+        for name, param in self.lin_edge.named_parameters():
+            if param.device != query.device:
+                raise ValueError(f"lin_edge.{name} is on {param.device}, query is on {query.device}")
 
 
 def _resolve_size(size, num_key_nodes: int, num_query_nodes: int) -> tuple[int, int]:

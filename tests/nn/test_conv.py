@@ -75,7 +75,6 @@ def run_conv(conv, inputs, graph, grad_out=None, size=True):
     return out, dict(zip(wrt, grads, strict=True))
 
 
-
 def grad_error(name, grads, ref_grads) -> float:
     """rel_error, except for k_norm.bias, whose exact gradient is 0 (tests/graphs.py: key_bias_error)."""
     if name == "k_norm.bias":
@@ -608,3 +607,94 @@ def test_reset_parameters():
         assert torch.equal(norm.bias, torch.zeros(8, device=DEVICE))
     GraphTransformerConv(8).reset_parameters()  # no norms: nothing to do
 
+
+# --- the edge projection (lin_edge) --------------------------------------------------------------------------
+
+
+class ScaledLinear(torch.nn.Linear):
+    """A Linear whose forward differs from torch.nn.Linear's: applied before the kernels, not fused."""
+
+    def forward(self, x):
+        return 2.0 * super().forward(x)
+
+
+def make_projection_conv(channels, heads, edge_dim, *, bias=True, linear=torch.nn.Linear, backend="triton"):
+    conv = GraphTransformerConv(
+        channels, backend=backend, q_norm=torch.nn.LayerNorm(channels), k_norm=torch.nn.LayerNorm(channels),
+        lin_edge=linear(edge_dim, heads * channels, bias=bias),
+    )  # fmt: skip
+    randomize_norm_parameters(conv, seed=5)
+    with torch.no_grad():  # e of the size of k and v
+        conv.lin_edge.weight.mul_(1.0 / edge_dim)
+    return conv.to(DEVICE)
+
+
+def projection_inputs(graph, heads, channels, edge_dim):
+    inputs = make_inputs(graph, heads, channels, edge_attr=False)
+    inputs["edge_attr"] = torch.randn(graph.edge_index.shape[1], edge_dim, dtype=torch.float64)
+    return inputs
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("linear", [torch.nn.Linear, ScaledLinear], ids=["linear", "subclass"])
+def test_lin_edge_backends_match(bias, linear):
+    """Raw edge attributes [M, D] through the caller's Linear: fused into the kernels (a torch.nn.Linear) or
+    applied before them (a subclass with its own forward, warned once), the same function as the PyG backend;
+    gradients reach lin_edge.weight, lin_edge.bias and the raw attributes."""
+    graph = make_graph("encoder_like", seed=3)
+    inputs = projection_inputs(graph, 3, 5, 4)
+    conv = make_projection_conv(5, 3, 4, bias=bias, linear=linear)
+    reference = copy.deepcopy(conv).to(device="cpu", dtype=torch.float64)
+    reference.backend = "pyg"
+    context = pytest.warns(UserWarning, match="lin_edge") if linear is ScaledLinear else warnings_as_errors()
+    with context:
+        assert_same_function(conv, reference, graph, inputs)
+    with warnings_as_errors():  # once per module
+        run_conv(conv, {k: v.to(DEVICE, torch.float32) for k, v in inputs.items() if v is not None}, graph)
+
+
+def test_lin_edge_is_fused(monkeypatch):
+    """A torch.nn.Linear is not applied as a module on the Triton backend: the kernels take its parameters."""
+    graph = make_graph("decoder_like", seed=4)
+    conv = make_projection_conv(8, 2, 3)
+    monkeypatch.setattr(conv.lin_edge, "forward", lambda x: pytest.fail("lin_edge applied unfused"))
+    inputs = {k: v.to(DEVICE, torch.float32) for k, v in projection_inputs(graph, 2, 8, 3).items() if v is not None}
+    out, _ = run_conv(conv, inputs, graph)
+    assert out.shape == (graph.num_dst, 2, 8)
+
+
+def test_lin_edge_state_dict_keys():
+    conv = GraphTransformerConv(8, qk_norm=True, lin_edge=torch.nn.Linear(3, 16))
+    assert set(conv.state_dict()) == {"q_norm.weight", "k_norm.weight", "lin_edge.weight", "lin_edge.bias"}
+
+
+@pytest.mark.parametrize("backend", ["triton", "pyg"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("no edge_attr", lambda inputs: inputs.update(edge_attr=None), TypeError, "raw edge attributes"),
+        ("wrong D", lambda inputs: inputs.update(edge_attr=inputs["edge_attr"][:, :2]), ValueError, "in_features"),
+        ("rank 3", lambda inputs: inputs.update(edge_attr=inputs["edge_attr"][..., None]), ValueError,
+         "in_features"),
+        ("out_features", lambda inputs: inputs.update(query=inputs["query"][:, :1], key=inputs["key"][:, :1],
+         value=inputs["value"][:, :1]), ValueError, "lin_edge.out_features"),
+    ],
+    ids=lambda c: c[0],
+)  # fmt: skip
+def test_lin_edge_inputs_are_checked(case, backend):
+    _, change, exc, fragment = case
+    graph = make_graph("decoder_like", seed=4)
+    conv = make_projection_conv(8, 2, 3, backend=backend)
+    inputs = {k: v.to(DEVICE, torch.float32) for k, v in projection_inputs(graph, 2, 8, 3).items() if v is not None}
+    change(inputs)
+    with pytest.raises(exc, match=fragment):
+        conv(
+            inputs["query"],
+            inputs["key"],
+            inputs["value"],
+            inputs["edge_attr"],
+            graph.edge_index.to(DEVICE),
+            size=(graph.num_src, graph.num_dst),
+        )
+    with pytest.raises(TypeError, match="lin_edge must be a torch.nn.Linear"):
+        GraphTransformerConv(8, lin_edge=torch.nn.Identity())
