@@ -3,8 +3,11 @@
 Anemoi's blocks normalise query and key (``_apply_qk_norm``) and then call their attention backend once per
 edge chunk (``apply_gt``). The subclasses here change only those two steps: the norm is no longer applied on
 its own, and each chunk goes through a :class:`gtnorm.GraphTransformerConv` that is handed the block's own
-``q_norm`` / ``k_norm`` modules and applies them inside the kernels. Everything else (projections, shard
-strategies, inference chunks, MLPs, checkpointing around the block) is Anemoi's code, unchanged.
+``q_norm`` / ``k_norm`` modules and applies them inside the kernels. Where the block projects its raw edge
+attributes with ``lin_edge`` alone (no ``edge_pre_mlp``) and shards by edges, the conv is handed ``lin_edge`` too:
+the edge features are then computed inside the kernels and never stored (``get_qkve`` passes the raw attributes
+on). Everything else (the other projections, shard strategies, inference chunks, MLPs, checkpointing around the
+block) is Anemoi's code, unchanged.
 """
 
 from __future__ import annotations
@@ -26,8 +29,14 @@ class _FusedAttention:
     The conv is kept out of the module tree (a plain attribute, not a submodule): it holds the block's
     ``q_norm`` / ``k_norm`` modules, and as a submodule it would list their parameters a second time under
     ``conv.q_norm.*``. So the state_dict keys stay exactly Anemoi's, and ``.to()`` / ``.half()`` reach the
-    norms through the block, where Anemoi registered them.
+    norms through the block, where Anemoi registered them (and ``lin_edge``, likewise).
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Anemoi's __init__ sets up the attention before it records the shard strategy, which decides whether
+        # lin_edge can be fused: set it up again now that the block is complete.
+        self.set_attention_function()
 
     def set_attention_function(self) -> None:
         # The backend override Anemoi reads from ANEMOI_INFERENCE_GRAPHTRANSFORMER_ATTENTION_BACKEND.
@@ -42,9 +51,33 @@ class _FusedAttention:
             backend=_BACKENDS[self.graph_attention_backend],
             q_norm=self.q_norm if self.qk_norm else None,
             k_norm=self.k_norm if self.qk_norm else None,
+            lin_edge=self.lin_edge if self._fuses_edge_projection() else None,
         )
         self._modules.pop("conv", None)  # Anemoi's PyG conv, when this block was built as Anemoi's
         object.__setattr__(self, "conv", conv)
+
+    def _fuses_edge_projection(self) -> bool:
+        """Whether lin_edge runs inside the kernels: the edge features are lin_edge(raw attributes) alone, and the
+        raw attributes reach the attention unchanged (sharding by heads splits the projected features instead)."""
+        return (
+            self.graph_attention_backend == "triton"
+            and isinstance(self.edge_pre_mlp, nn.Identity)
+            and isinstance(self.lin_edge, nn.Linear)
+            and getattr(self, "shard_strategy", "edges") == "edges"
+        )
+
+    def get_qkve(self, x, edge_attr: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        if self.conv.lin_edge is None:
+            return super().get_qkve(x, edge_attr)
+        x_src, x_dst = x if isinstance(x, tuple) else (x, x)
+        # The raw attributes [M, D] go on: the conv's kernels apply lin_edge.
+        return self.lin_query(x_dst), self.lin_key(x_src), self.lin_value(x_src), edge_attr
+
+    def prepare_qkve_edge_sharding(self, query, key, value, edges) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        if self.conv.lin_edge is None:
+            return super().prepare_qkve_edge_sharding(query, key, value, edges)
+        query, key, value = (t.unflatten(-1, (self.num_heads, self.out_channels_conv)) for t in (query, key, value))
+        return query, key, value, edges  # raw attributes [M, D], not per head
 
     def _apply_qk_norm(self, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
         return query, key  # applied inside the attention kernels, by apply_gt
@@ -54,7 +87,7 @@ class _FusedAttention:
         query: Tensor,  # [N_dst, H, C]
         key: Tensor,  # [N_src, H, C]
         value: Tensor,  # [N_src, H, C]
-        edges: Tensor,  # [M, H, C], in edge_index's order
+        edges: Tensor,  # [M, H, C], in edge_index's order; [M, D] raw attributes where lin_edge is fused
         edge_index: Tensor,  # [2, M]: row 0 = source, row 1 = destination
         size: int | tuple[int, int],
         edges_are_dst_sorted: bool = True,  # gtnorm takes edges in any order

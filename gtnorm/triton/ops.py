@@ -382,9 +382,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_out, _grad_lse, backward=torch.ops.gtnorm.graph_attention_backward):
-    inputs, lse, layout = (
-        ctx.saved_tensors[:_TENSOR_INPUTS], ctx.saved_tensors[_TENSOR_INPUTS], ctx.saved_tensors[_TENSOR_INPUTS + 1 :]
-    )  # fmt: skip
+    saved = ctx.saved_tensors  # once: under checkpointing each access unpacks them again
+    inputs, lse, layout = saved[:_TENSOR_INPUTS], saved[_TENSOR_INPUTS], saved[_TENSOR_INPUTS + 1 :]
     edge_features_grad = ctx.needs_input_grad[_EDGE_FEATURES_INPUT]
     grads = backward(grad_out, *inputs, lse, *layout, ctx.qk_norm, ctx.eps_q, ctx.eps_k, edge_features_grad)
     # d edge_features is empty unless asked for: None there, as for absent inputs.
