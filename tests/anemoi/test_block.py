@@ -87,3 +87,29 @@ def test_unknown_backend_is_refused():
     anemoi_module, _ = build_pair(Case("processor"), "pyg", torch.device("cpu"))
     with pytest.raises(ValueError, match="graph_attention_backend"):
         gtnorm.anemoi.use_gtnorm_attention(anemoi_module, "flash")
+
+
+@pytest.mark.parametrize(
+    "case, fused",
+    [
+        (Case("processor"), True),
+        (Case("encoder"), True),
+        (Case("decoder"), True),
+        (Case("processor", edge_pre_mlp=True), False),
+        (Case("processor", shard_strategy="heads", batch=1), False),
+        (Case("encoder", shard_strategy="heads", batch=1), False),
+    ],
+    ids=["processor", "encoder", "decoder", "edge-pre-mlp", "processor-heads", "encoder-heads"],
+)
+def test_lin_edge_fused_where_the_block_projects_raw_attributes(case, fused, device):
+    """lin_edge runs inside the kernels (never applied as a module) exactly where the block has no edge_pre_mlp
+    and shards by edges; state_dict keys stay Anemoi's."""
+    anemoi_module, gtnorm_module = build_pair(case, "triton", device)
+    assert list(gtnorm_module.state_dict()) == list(anemoi_module.state_dict())
+    applied = []
+    for block in gtnorm_blocks(gtnorm_module):
+        assert (block.conv.lin_edge is block.lin_edge) == fused
+        assert block.conv.lin_edge is None or block.conv.lin_edge is block.lin_edge
+        block.lin_edge.register_forward_hook(lambda *_: applied.append(1))
+    forward(gtnorm_module, case, make_inputs(case, device))
+    assert bool(applied) != fused
