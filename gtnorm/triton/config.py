@@ -116,9 +116,12 @@ class ColumnSumLaunch:
     rows_per_program: int  # a multiple of block_r
 
 
-def column_sum_launch(n_rows: int, n_cols: int, device) -> ColumnSumLaunch | None:
-    """How to reduce [n_rows, n_cols] partial rows to one block sum per program; None: leave it all to torch."""
-    if n_rows < _COLUMN_SUM_MIN_ROWS:
+def column_sum_launch(
+    n_rows: int, n_cols: int, device, min_rows: int = _COLUMN_SUM_MIN_ROWS
+) -> ColumnSumLaunch | None:
+    """How to reduce [n_rows, n_cols] partial rows to one block sum per program; None: leave it all to torch
+    (below ``min_rows`` rows)."""
+    if n_rows < min_rows or n_rows == 0:
         return None
     block_c = next_power_of_2(n_cols)
     block_r = max(1, _COLUMN_SUM_TILE // block_c)

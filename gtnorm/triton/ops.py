@@ -21,7 +21,7 @@ from gtnorm.triton.backward_kernels import (
     edge_softmax_backward_by_destination_kernel,
     edge_softmax_backward_by_source_kernel,
 )
-from gtnorm.triton.config import AttentionLaunchConfig, attention_launch_config, column_sum_launch
+from gtnorm.triton.config import AttentionLaunchConfig, ColumnSumLaunch, attention_launch_config, column_sum_launch
 from gtnorm.triton.forward_kernel import graph_attention_forward_kernel
 from gtnorm.triton.partial_sum_kernel import column_sum_kernel
 
@@ -231,7 +231,8 @@ def _zero_rows(tensors: tuple[Tensor, ...], rows: Tensor) -> None:
 
 def _param_grads(weight: Tensor | None, bias: Tensor | None, partial: Tensor, computed: bool, device):
     """(d weight, d bias) from the [weight | bias] partial rows: one column sum for both."""
-    sums = _column_sum(partial) if computed and partial.shape[1] else None
+    launch = column_sum_launch(partial.shape[0], partial.shape[1], device)
+    sums = column_sum(partial, launch) if computed and partial.shape[1] else None
     grads, column = [], 0
     for param in (weight, bias):
         if param is None:
@@ -244,8 +245,10 @@ def _param_grads(weight: Tensor | None, bias: Tensor | None, partial: Tensor, co
     return grads[0], grads[1]
 
 
-def _column_sum(rows: Tensor) -> Tensor:  # [n_rows, C] fp32 -> [C] fp32, summed in a fixed order
-    launch = column_sum_launch(rows.shape[0], rows.shape[1], rows.device)
+def column_sum(
+    rows: Tensor,  # [n_rows, C] fp32
+    launch: ColumnSumLaunch | None,  # config.column_sum_launch's plan; None: torch's sum alone
+) -> Tensor:  # [C] fp32, summed in a fixed order
     if launch is not None:  # tall: block sums first, then torch sums the few block rows
         sums = torch.empty((launch.programs, rows.shape[1]), dtype=torch.float32, device=rows.device)
         column_sum_kernel[(launch.programs,)](
