@@ -7,6 +7,7 @@ import numbers
 from torch import Tensor
 
 from gtnorm._runtime import check_dtype, check_triton_device, resolve_eps
+from gtnorm.triton.config import AttentionLaunchConfig
 from gtnorm.triton.layout import GraphLayout
 from gtnorm.triton.ops import graph_attention
 
@@ -34,6 +35,7 @@ def graph_transformer_attention(
     edge_features: Tensor | None = None,  # [M, D], in the order of the edge_index the layout was built from
     edge_weight: Tensor | None = None,  # [D, H * C]
     edge_bias: Tensor | None = None,  # [H * C]
+    launch: AttentionLaunchConfig | None = None,
 ) -> Tensor:  # [N_dst, H, C]
     """Graph-transformer attention: for every destination i, softmax over its incoming edges (j -> i) of
     <q'_i, k'_j + e_ij> / sqrt(C), summed messages v_j + e_ij, per head.
@@ -64,6 +66,9 @@ def graph_transformer_attention(
     all three; the gradient of edge_features is computed only when it requires grad. Weight and bias gradients
     are sums over all edges in a fixed order (bitwise reproducible).
 
+    ``launch`` is the kernels' launch plan; None takes ``gtnorm.triton.config.attention_launch_config(H, C)``.
+    Sweeps and tests pass their own; under torch.compile only the default can run.
+
     Shapes:
         query: [N_dst, H, C]; key, value: [N_src, H, C]; edge_attr: [M, H, C] or None (M = layout.num_edges,
         in the caller's edge order); norm weights and biases: [C]; edge_features: [M, D]; edge_weight:
@@ -79,7 +84,9 @@ def graph_transformer_attention(
     # The weight keeps its strides (the kernels take them): a transposed torch.nn.Linear weight needs no copy.
     projection = [edge_weight, edge_bias.contiguous() if edge_bias is not None else None]
     norm_params = [p.contiguous() if p is not None else None for p in params.values()]
-    out, _ = graph_attention(*operands, *projection, *norm_params, *layout.tensors(), kind or "none", eps_q, eps_k)
+    out, _ = graph_attention(
+        *operands, *projection, *norm_params, *layout.tensors(), kind or "none", eps_q, eps_k, launch=launch
+    )
     return out
 
 

@@ -76,25 +76,14 @@ def _attend_node(
             q, edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, offsets, mask, EDGE_DIM, HAS_EDGE_BIAS,
             BLOCK_D,
         )  # fmt: skip
-    if NUM_STAGES > 0:
-        # With NUM_STAGES > 1 the pipeliner issues the loads of the next steps (cp.async into shared memory)
-        # while this step computes; that pays on nodes with many edges (config.py).
-        for pos in tl.range(start, end, num_stages=NUM_STAGES):
-            m, denom, acc, feature_acc = _online_softmax_step(
-                q, q_proj, m, denom, acc, feature_acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr,
-                edge_features_ptr, csc_src_ptr, csc_edge_id_ptr, offsets, mask, row_len, C, score_scale, eps_k,
-                HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_D,
-            )  # fmt: skip
-    else:
-        # The interpreter of older Triton cannot take loaded loop bounds in range(); a while loop it can.
-        pos = start
-        while pos < end:
-            m, denom, acc, feature_acc = _online_softmax_step(
-                q, q_proj, m, denom, acc, feature_acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr,
-                edge_features_ptr, csc_src_ptr, csc_edge_id_ptr, offsets, mask, row_len, C, score_scale, eps_k,
-                HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_D,
-            )  # fmt: skip
-            pos += 1
+    # With NUM_STAGES > 1 the pipeliner issues the loads of the next steps (cp.async into shared memory)
+    # while this step computes; that pays on nodes with many edges (config.py).
+    for pos in tl.range(start, end, num_stages=NUM_STAGES):
+        m, denom, acc, feature_acc = _online_softmax_step(
+            q, q_proj, m, denom, acc, feature_acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr,
+            edge_features_ptr, csc_src_ptr, csc_edge_id_ptr, offsets, mask, row_len, C, score_scale, eps_k,
+            HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_D,
+        )  # fmt: skip
     if EDGE_PROJ:
         # sum_j p_ij e_ij, expanded once per node from the p-weighted sum of the edges' attributes.
         acc += expand_with_weights(
