@@ -403,13 +403,15 @@ def _setup_context(ctx, inputs, output):
     layout = inputs[_TENSOR_INPUTS : _TENSOR_INPUTS + _LAYOUT_ARGS]
     ctx.qk_norm, ctx.eps_q, ctx.eps_k = inputs[_TENSOR_INPUTS + _LAYOUT_ARGS :]
     ctx.save_for_backward(*tensors, output[1], *layout)
+    edge_features = tensors[_EDGE_FEATURES_INPUT]
+    ctx.edge_features_grad = edge_features is not None and edge_features.requires_grad
     ctx.mark_non_differentiable(output[1])
 
 
 def _backward(ctx, grad_out, _grad_lse, backward=torch.ops.gtnorm.graph_attention_backward, **launch):
     saved = ctx.saved_tensors  # once: under checkpointing each access unpacks them again
     inputs, lse, layout = saved[:_TENSOR_INPUTS], saved[_TENSOR_INPUTS], saved[_TENSOR_INPUTS + 1 :]
-    edge_features_grad = ctx.needs_input_grad[_EDGE_FEATURES_INPUT]
+    edge_features_grad = ctx.edge_features_grad
     grads = backward(
         grad_out, *inputs, lse, *layout, ctx.qk_norm, ctx.eps_q, ctx.eps_k, edge_features_grad, **launch
     )
