@@ -1,7 +1,9 @@
 """The ways of computing a norm on q and k followed by graph-transformer attention that the benchmark compares,
 all on the same inputs and the same norm parameters: five with RMSNorm, and with LayerNorm (Anemoi's default QK
 norm) the fused kernels against eager / compiled LayerNorm before gtnorm's unfused kernels or Anemoi's own Triton
-kernel; and the same attention without the norm (what the fused norm's cost is measured against)."""
+kernel; the same attention without the norm (what the fused norm's cost is measured against); and, with LayerNorm,
+edge features projected from raw attributes by Anemoi's lin_edge, materialised before the kernels or fused into
+them (their raw attributes, weight and bias are made on first use: EdgeProjectionInputs)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,11 @@ from gtnorm.nn.reference import reference_graph_transformer_attention
 
 RMS_VARIANTS = ("pyg", "pyg_compiled", "unfused", "unfused_compiled_norm", "fused")
 LAYER_NORM_VARIANTS = ("pyg_layer", "unfused_layer", "unfused_compiled_layer", "anemoi_layer", "fused_layer")
-VARIANTS = (*RMS_VARIANTS, *LAYER_NORM_VARIANTS, "no_norm")
+PROJECTION_VARIANTS = ("lin_edge_fused_layer", "fused_projection")
+VARIANTS = (*RMS_VARIANTS, *LAYER_NORM_VARIANTS, "no_norm", *PROJECTION_VARIANTS)
+# Raw attributes per edge of the projection variants: Anemoi's lin_edge input (edge length, direction and
+# trainable edge parameters) is about this wide.
+EDGE_DIM = 11
 COMPILED_VARIANTS = frozenset({"pyg_compiled", "unfused_compiled_norm", "unfused_compiled_layer"})
 # Anemoi's kernel is a CUDA-only custom op (device_types="cuda"): it has no interpreter path.
 CUDA_ONLY_VARIANTS = frozenset({"anemoi_layer"})
@@ -35,6 +41,10 @@ DESCRIPTIONS = {
     "fused_layer": "gtnorm.graph_transformer_attention(qk_norm='layer'): LayerNorm (weight, bias) inside the kernels",
     "no_norm": "gtnorm.graph_transformer_attention(qk_norm=False) on the raw q, k: the same kernels without the "
     "norm, so another function (not in the accuracy check); what the fused norm's cost is measured against",
+    "lin_edge_fused_layer": f"e = F.linear(raw attributes [M, {EDGE_DIM}], lin_edge weight, bias) in the operands' "
+    "dtype (as autocast runs Anemoi's lin_edge), then fused_layer on it: projection + attention, e materialised",
+    "fused_projection": "gtnorm.graph_transformer_attention(qk_norm='layer', edge_features=raw attributes, "
+    "edge_weight=lin_edge weight.t(), edge_bias=lin_edge bias): the projection inside the kernels, e never stored",
 }
 
 
@@ -54,6 +64,7 @@ class BenchInputs:
     edge_index: Tensor  # [2, M] int64, row 0 = source, row 1 = destination
     layout: gtnorm.GraphLayout  # built once per graph, outside every timed region (as in training)
     eps: float
+    edge_projection: EdgeProjectionInputs | None = None  # the projection variants', made on first use
 
     @property
     def num_src(self) -> int:
@@ -105,6 +116,40 @@ def make_inputs(
     )
 
 
+@dataclass
+class EdgeProjectionInputs:
+    """Raw edge attributes and Anemoi's lin_edge parameters (float32 leaves, as a model holds them under
+    autocast; the attributes require grad, as Anemoi's trainable edge parameters do)."""
+
+    edge_features: Tensor  # [M, D]
+    weight: Tensor  # [H * C, D], torch.nn.Linear's layout
+    bias: Tensor  # [H * C]
+
+    @property
+    def leaves(self) -> tuple[Tensor, Tensor, Tensor]:
+        return self.edge_features, self.weight, self.bias
+
+
+def edge_projection_inputs(inputs: BenchInputs, edge_dim: int = EDGE_DIM, seed: int = 1) -> EdgeProjectionInputs:
+    """The inputs' raw attributes and lin_edge parameters, made once (the same for every projection variant): the
+    weight scaled so that e is of the size of k and v."""
+    if inputs.edge_projection is None:
+        device = inputs.query.device
+        generator = torch.Generator(device=device).manual_seed(seed)
+        width = inputs.query.shape[1] * inputs.channels
+
+        def randn(*shape: int, scale: float = 1.0) -> Tensor:
+            x = torch.randn(*shape, generator=generator, device=device, dtype=torch.float32)
+            return (scale * x).requires_grad_()
+
+        inputs.edge_projection = EdgeProjectionInputs(
+            edge_features=randn(inputs.edge_attr.shape[0], edge_dim),
+            weight=randn(width, edge_dim, scale=edge_dim**-0.5),
+            bias=randn(width, scale=0.1),
+        )
+    return inputs.edge_projection
+
+
 def cast_inputs(inputs: BenchInputs, dtype: torch.dtype) -> BenchInputs:
     """The same values in another dtype, as fresh leaves (the fp32 reference of the accuracy check)."""
 
@@ -133,6 +178,8 @@ class Variant:
 def build_variant(name: str, inputs: BenchInputs) -> Variant:
     if name in LAYER_NORM_VARIANTS:
         return _build_layer_norm_variant(name, inputs)
+    if name in PROJECTION_VARIANTS:
+        return _build_projection_variant(name, inputs)
     q, k, v, e, layout, eps = inputs.query, inputs.key, inputs.value, inputs.edge_attr, inputs.layout, inputs.eps
     wq, wk, channels = inputs.q_norm_weight, inputs.k_norm_weight, (inputs.channels,)
     if name in ("pyg", "pyg_compiled"):
@@ -241,3 +288,41 @@ def _anemoi_attention(inputs: BenchInputs, layer_norm) -> Callable[[], Tensor]:
         return graph_transformer_attention_conv(layer_norm(q, wq, bq), layer_norm(k, wk, bk), v, edges, csc, reverse)
 
     return forward
+
+
+def _build_projection_variant(name: str, inputs: BenchInputs) -> Variant:
+    """Leaves: q, k, v, raw attributes, lin_edge weight and bias, norm weights and biases."""
+    q, k, v, layout, eps = inputs.query, inputs.key, inputs.value, inputs.layout, inputs.eps
+    norm = dict(
+        q_norm_weight=inputs.q_norm_weight, q_norm_bias=inputs.q_norm_bias, k_norm_weight=inputs.k_norm_weight,
+        k_norm_bias=inputs.k_norm_bias,
+    )  # fmt: skip
+    projection = edge_projection_inputs(inputs)
+    x, weight, bias = projection.leaves
+    leaves = (q, k, v, *projection.leaves, *norm.values())
+    if name == "fused_projection":
+        return Variant(
+            name,
+            lambda: gtnorm.graph_transformer_attention(
+                q,
+                k,
+                v,
+                None,
+                layout,
+                qk_norm="layer",
+                eps=eps,
+                edge_features=x,
+                edge_weight=weight.t(),
+                edge_bias=bias,
+                **norm,
+            ),  # fmt: skip
+            leaves,
+        )
+    if name == "lin_edge_fused_layer":
+
+        def materialised() -> Tensor:
+            e = F.linear(x.to(q.dtype), weight.to(q.dtype), bias.to(q.dtype)).view(x.shape[0], *q.shape[1:])
+            return gtnorm.graph_transformer_attention(q, k, v, e, layout, qk_norm="layer", eps=eps, **norm)
+
+        return Variant(name, materialised, leaves)
+    raise ValueError(f"unknown variant {name!r}; expected one of {VARIANTS}")

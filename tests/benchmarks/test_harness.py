@@ -17,6 +17,7 @@ from benchmarks.graphs.variants import (
     COMPILED_VARIANTS,
     CUDA_ONLY_VARIANTS,
     LAYER_NORM_VARIANTS,
+    PROJECTION_VARIANTS,
     VARIANTS,
     build_variant,
     cast_inputs,
@@ -43,7 +44,8 @@ def test_variants_compute_the_same_function():
     exact = cast_inputs(inputs, torch.float64)
     expected_by_norm = {"rms": outputs_and_grads("pyg", exact), "layer": outputs_and_grads("pyg_layer", exact)}
     cpu_skipped = COMPILED_VARIANTS | CUDA_ONLY_VARIANTS
-    runnable = [v for v in VARIANTS if v != "no_norm" and (HAS_CUDA or v not in cpu_skipped)]
+    other_functions = {"no_norm", *PROJECTION_VARIANTS}  # checked below
+    runnable = [v for v in VARIANTS if v not in other_functions and (HAS_CUDA or v not in cpu_skipped)]
     assert "fused_layer" in runnable
     for variant in runnable:
         expected = expected_by_norm["layer" if variant in LAYER_NORM_VARIANTS else "rms"]
@@ -105,3 +107,21 @@ def test_cli_writes_results(tmp_path, monkeypatch, capsys):
 def test_cli_rejects_unknown_names(argv):
     with pytest.raises(SystemExit):
         run.parse_args(argv, on_gpu=False)
+
+
+def test_projection_variants_compute_the_same_function():
+    """The lin_edge projection materialised before the kernels and fused into them: the same output and the same
+    gradients of every leaf (q, k, v, raw attributes, lin_edge weight and bias, norm weights and biases)."""
+    inputs = make_inputs(smoke_graph(), heads=2, channels=16, dtype=torch.float32, device=DEVICE, eps=1e-5)
+    results = {}
+    for name in PROJECTION_VARIANTS:
+        variant = build_variant(name, inputs)
+        out = variant.forward()
+        results[name] = [out, *torch.autograd.grad(out, variant.leaves, inputs.grad_out)]
+    assert len(results["fused_projection"]) == 11
+    # The last is k_norm_bias's gradient: 0 in exact arithmetic (tests/graphs.py, key_bias_error), rounding here.
+    fused_key_bias, materialised_key_bias = (r.pop() for r in results.values())
+    assert (fused_key_bias - materialised_key_bias).norm() < 1e-5 * results["fused_projection"][2].norm()
+    for index, (fused, materialised) in enumerate(zip(*results.values(), strict=True)):
+        error = relative_error(fused, materialised)
+        assert error < 1e-4, f"result {index}: relative error {error:.2e}"
