@@ -30,11 +30,11 @@ import triton
 import triton.language as tl
 
 from gtnorm.triton.edge_projection import (
-    expand_with_weights,
+    expand_pair_with_weights,
     feature_tile_offsets,
     features_dot,
     load_edge_features,
-    project_onto_weights,
+    project_pair_onto_weights,
 )
 from gtnorm.triton.tiles import (
     NORM_NONE,
@@ -98,12 +98,8 @@ def _by_destination_step(
     da = tl.sum(d_out * v, axis=1)
     if EDGE_PROJ:
         if first:
-            q_proj = project_onto_weights(
-                q, edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, offsets, mask, EDGE_DIM, HAS_EDGE_BIAS,
-                BLOCK_D,
-            )  # fmt: skip
-            d_out_proj = project_onto_weights(
-                d_out, edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, offsets, mask, EDGE_DIM,
+            q_proj, d_out_proj = project_pair_onto_weights(
+                q, d_out, edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, offsets, mask, EDGE_DIM,
                 HAS_EDGE_BIAS, BLOCK_D,
             )  # fmt: skip
         x = load_edge_features(edge_features_ptr, edge_id, EDGE_DIM, HAS_EDGE_BIAS, BLOCK_D)
@@ -136,14 +132,12 @@ def _by_destination_step(
         node_delta = delta / a_sum
         if EDGE_PROJ:
             # A and B's terms of e, expanded once per node (edge_projection.py).
-            acc_a += expand_with_weights(
-                feature_a_da, edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, offsets, mask, EDGE_DIM,
-                HAS_EDGE_BIAS, BLOCK_D,
+            e_terms_a, e_terms_b = expand_pair_with_weights(
+                feature_a_da, feature_a, edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, offsets, mask,
+                EDGE_DIM, HAS_EDGE_BIAS, BLOCK_D,
             )  # fmt: skip
-            acc_b += expand_with_weights(
-                feature_a, edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, offsets, mask, EDGE_DIM,
-                HAS_EDGE_BIAS, BLOCK_D,
-            )  # fmt: skip
+            acc_a += e_terms_a
+            acc_b += e_terms_b
             # de_ij = a_ij dO_i + dS_ij q'_i / sqrt(C), so the edge weights' gradient sum_ij x_ij^T de_ij is
             # sum_i (sum_j a_ij x_ij)^T dO_i + (sum_j dS_ij x_ij)^T q'_i / sqrt(C), with
             # sum_j dS_ij x_ij = sum_j a_ij (da_ij - shift) x_ij - (D_i - shift) sum_j a_ij x_ij.

@@ -94,6 +94,58 @@ def expand_with_weights(
 
 
 @triton.jit
+def project_pair_onto_weights(
+    rows_a,
+    rows_b,
+    weight_ptr,
+    bias_ptr,
+    w_stride_d,
+    w_stride_hc,
+    offsets,
+    mask,
+    D: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """project_onto_weights of two tiles at once: each row of W is loaded once for both (at a node's first
+    edge the by-destination pass projects q' and dO; W's rows come from L1/L2, and their loads are what the
+    projection costs per node)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    coef_a = tl.zeros((rows_a.shape[0], BLOCK_D), tl.float32)
+    coef_b = tl.zeros((rows_b.shape[0], BLOCK_D), tl.float32)
+    for d in tl.static_range(D + HAS_BIAS):
+        row = _extended_weight_row(weight_ptr, bias_ptr, d, w_stride_d, w_stride_hc, offsets, mask, D)
+        coef_a = tl.where(offs_d[None, :] == d, tl.sum(rows_a * row, axis=1)[:, None], coef_a)
+        coef_b = tl.where(offs_d[None, :] == d, tl.sum(rows_b * row, axis=1)[:, None], coef_b)
+    return coef_a, coef_b
+
+
+@triton.jit
+def expand_pair_with_weights(
+    coef_a,
+    coef_b,
+    weight_ptr,
+    bias_ptr,
+    w_stride_d,
+    w_stride_hc,
+    offsets,
+    mask,
+    D: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """expand_with_weights of two coefficient tiles at once, loading each row of W once for both."""
+    offs_d = tl.arange(0, BLOCK_D)
+    rows_a = tl.zeros(offsets.shape, tl.float32)
+    rows_b = tl.zeros(offsets.shape, tl.float32)
+    for d in tl.static_range(D + HAS_BIAS):
+        row = _extended_weight_row(weight_ptr, bias_ptr, d, w_stride_d, w_stride_hc, offsets, mask, D)
+        rows_a += tl.sum(tl.where(offs_d[None, :] == d, coef_a, 0.0), axis=1)[:, None] * row
+        rows_b += tl.sum(tl.where(offs_d[None, :] == d, coef_b, 0.0), axis=1)[:, None] * row
+    return rows_a, rows_b
+
+
+@triton.jit
 def features_dot(coef, x):
     """sum_d coef[h, d] x[d] per head: [BLOCK_H] from coef [BLOCK_H, BLOCK_D] and extended attributes x [BLOCK_D]."""
     return tl.sum(coef * x[None, :], axis=1)
