@@ -24,6 +24,13 @@ Each pass finishes a node with the norm's backward of its row (from the raw q or
 rstd, and the mean for LayerNorm) and adds that row's weight and bias gradient terms to an fp32 partial row of its
 own ([weight | bias] columns, one row per program); the host sums the partial rows in a fixed order, so the
 parameter gradients are bitwise reproducible.
+
+With EDGE_PROJ (e = x W + b from raw attributes x, edge_projection.py) neither pass reads or writes an [H, C] row
+per edge. Pass 1 takes e's terms of the scores, of da and of A and B from the edge's D attributes and the node's
+q' and dO projected onto W (per node), and leaves per destination what the parameter and attribute gradients
+need: sum_j a x and sum_j dS x / sqrt(C) (edge_weight_grad_kernel.py turns them into dW and db), and <q', W_d> /
+sqrt(C) and <dO, W_d> (pass 2 turns them into d x_ij = a_ij <dO, W_d> + dS_ij <q', W_d> / sqrt(C)). Pass 2 writes
+no de.
 """
 
 import triton

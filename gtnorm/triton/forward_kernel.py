@@ -5,6 +5,10 @@ row is loaded and normalised once, then its incoming edges are walked one per st
 Scores are kept in the log2 domain, so the exponentials are exp2. Unlike the backward passes, the forward
 does not flatten its walk across nodes: its per-step work is light, and re-reading (or holding) the query at
 every edge of a flattened walk cost more than it saved (benchmarks/NOTES.md, v2 and v3).
+
+With EDGE_PROJ the edge features come from raw attributes (edge_projection.py): the query is projected onto the
+edge weights once per node, each edge adds <q', W> x to its score, the online softmax carries the p-weighted sum
+of the edges' attributes beside the messages, and that sum is expanded through W once, at the node's end.
 """
 
 import triton
