@@ -25,6 +25,7 @@ from gtnorm.triton.config import (
     AttentionLaunchConfig,
     ColumnSumLaunch,
     attention_launch_config,
+    cdiv,
     column_sum_launch,
     next_power_of_2,
 )
@@ -294,9 +295,9 @@ def _edge_weight_grads(
     num_dst, num_heads, head_dim = query.shape
     extended_dim = feature_sums.shape[3]
     block_n = _EDGE_WEIGHT_GRAD_BLOCK_N
-    programs = max(1, min(triton.cdiv(num_dst, block_n), _EDGE_WEIGHT_GRAD_PROGRAMS_PER_SM * sm_count(query.device)))
-    nodes_per_program = triton.cdiv(triton.cdiv(max(num_dst, 1), programs), block_n) * block_n
-    programs = triton.cdiv(max(num_dst, 1), nodes_per_program)
+    programs = max(1, min(cdiv(num_dst, block_n), _EDGE_WEIGHT_GRAD_PROGRAMS_PER_SM * sm_count(query.device)))
+    nodes_per_program = cdiv(cdiv(max(num_dst, 1), programs), block_n) * block_n
+    programs = cdiv(max(num_dst, 1), nodes_per_program)
     partial = new_output((programs, extended_dim, num_heads * head_dim), torch.float32, query.device)
     edge_weight_grad_kernel[(programs, num_heads)](
         feature_sums, query, grad_out, *_or(query, q_norm_weight, q_norm_bias), partial,
