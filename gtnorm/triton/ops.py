@@ -36,10 +36,11 @@ from gtnorm.triton.partial_sum_kernel import column_sum_kernel
 LOG2E = 1.4426950408889634
 # The ops' ``qk_norm`` names -> the kernels' NORM constexpr (tiles.NORM_NONE / NORM_RMS / NORM_LAYER).
 NORM_CODES = {"none": 0, "rms": 1, "layer": 2}
-# The edge weights' gradient (edge_weight_grad_kernel.py): destinations per tile, and programs per SM over all
-# heads. A few per SM fill the GPU; more would only add [D + 1, H * C] fp32 partial blocks to sum.
+# The edge weights' gradient (edge_weight_grad_kernel.py): destinations per tile, and programs per SM (over all
+# heads: each program takes one head). A few per SM fill the GPU; more would only add [D + 1, C] fp32 partial blocks
+# to sum (8 per SM: ~3 MB at Anemoi's sizes).
 _EDGE_WEIGHT_GRAD_BLOCK_N = 32
-_EDGE_WEIGHT_GRAD_PROGRAMS_PER_SM = 4
+_EDGE_WEIGHT_GRAD_PROGRAMS_PER_SM = 8
 
 
 def attention_forward(
@@ -295,7 +296,8 @@ def _edge_weight_grads(
     num_dst, num_heads, head_dim = query.shape
     extended_dim = feature_sums.shape[3]
     block_n = _EDGE_WEIGHT_GRAD_BLOCK_N
-    programs = max(1, min(cdiv(num_dst, block_n), _EDGE_WEIGHT_GRAD_PROGRAMS_PER_SM * sm_count(query.device)))
+    per_head = _EDGE_WEIGHT_GRAD_PROGRAMS_PER_SM * sm_count(query.device) // num_heads
+    programs = max(1, min(cdiv(num_dst, block_n), per_head))
     nodes_per_program = cdiv(cdiv(max(num_dst, 1), programs), block_n) * block_n
     programs = cdiv(max(num_dst, 1), nodes_per_program)
     partial = new_output((programs, extended_dim, num_heads * head_dim), torch.float32, query.device)
