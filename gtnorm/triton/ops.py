@@ -214,7 +214,8 @@ def attention_backward(
     with device_guard(device):
         _zero_rows((grad_query,), dst_without_edges)
         _zero_rows((grad_key, grad_value), src_without_edges)
-        _zero_rows((feature_sums,), dst_without_edges)  # the edge weights' gradient sums over every destination
+        if edge_proj:  # the edge weights' gradient sums over every destination
+            _zero_rows((feature_sums,), dst_without_edges)
         if dst_programs:
             edge_softmax_backward_by_destination_kernel[(dst_programs, by_dst.head_groups)](
                 query, key, value, edge_attr if has_edge_attr else query,
