@@ -390,12 +390,14 @@ def _op_args(graph, heads, channels, dtype, qk_norm=True, requires_grad=True):
 def test_opcheck(qk_norm):
     graph = make_graph("decoder_like", scale=1)
     inputs, layout_args = _op_args(graph, 2, 4, torch.float32, qk_norm=qk_norm if qk_norm != "none" else False)
-    forward_args = (*[inputs[k] for k in INPUT_NAMES], *layout_args, qk_norm, EPS, 2 * EPS)
+    # The ops' tensors: q, k, v, edge_attr, then the edge projection's three (none here), then the norm parameters.
+    tensors = [inputs[k] for k in INPUT_NAMES[:4]] + [None] * 3 + [inputs[k] for k in PARAM_NAMES]
+    forward_args = (*tensors, *layout_args, qk_norm, EPS, 2 * EPS)
     torch.library.opcheck(torch.ops.gtnorm.graph_attention_forward.default, forward_args)
     _, lse = torch.ops.gtnorm.graph_attention_forward(*forward_args)
-    detached = [inputs[k].detach() if inputs[k] is not None else None for k in INPUT_NAMES]
+    detached = [t.detach() if t is not None else None for t in tensors]
     grad_out = torch.randn_like(detached[0])
-    backward_args = (grad_out, *detached, lse, *layout_args, qk_norm, EPS, 2 * EPS)
+    backward_args = (grad_out, *detached, lse, *layout_args, qk_norm, EPS, 2 * EPS, False)
     torch.library.opcheck(torch.ops.gtnorm.graph_attention_backward.default, backward_args)
 
 
