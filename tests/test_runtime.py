@@ -46,6 +46,10 @@ TINY_ATTENTION = """
 """
 
 
+@pytest.mark.skipif(
+    _runtime._triton_version() < _runtime.INTERPRETER_MIN_TRITON,
+    reason="this triton's interpreter cannot run the attention kernels (test_old_interpreter_is_refused...)",
+)
 def test_subpackage_imports_are_lazy_and_leave_the_mode_open():
     """Importing gtnorm and its subpackages defines no kernel, so TRITON_INTERPRET set afterwards still counts."""
     result = run_python(
