@@ -291,9 +291,11 @@ def _edge_weight_grads(
     eps_q: float,
 ) -> tuple[Tensor, Tensor]:
     """(d edge_weight [D, H * C], d edge_bias [H * C]) from the by-destination pass's per-destination sums."""
-    empty = torch.empty(0, dtype=torch.float32, device=query.device)
+    def empty() -> Tensor:  # a new one each time: outputs of an op may not alias each other
+        return torch.empty(0, dtype=torch.float32, device=query.device)
+
     if edge_weight is None:
-        return empty, empty
+        return empty(), empty()
     num_dst, num_heads, head_dim = query.shape
     extended_dim = feature_sums.shape[3]
     block_n = _EDGE_WEIGHT_GRAD_BLOCK_N
@@ -311,7 +313,7 @@ def _edge_weight_grads(
     )  # fmt: skip
     sums = partial.sum(dim=0)  # [D + bias, H * C], over the programs in a fixed order
     grad_weight = sums[: edge_weight.shape[0]].to(edge_weight.dtype, copy=True)
-    grad_bias = sums[edge_weight.shape[0]].to(edge_bias.dtype, copy=True) if edge_bias is not None else empty
+    grad_bias = sums[edge_weight.shape[0]].to(edge_bias.dtype, copy=True) if edge_bias is not None else empty()
     return grad_weight, grad_bias
 
 

@@ -269,16 +269,19 @@ def test_zero_degree_nodes_and_graph_without_edges():
         assert torch.equal(grad, torch.zeros_like(grad)), name
 
 
-def _op_args(graph, heads, channels, edge_dim, qk_norm):
-    inputs = leaf_copies(make_inputs(graph, heads, channels, edge_dim, qk_norm=qk_norm), torch.float32, DEVICE)
+def _op_args(graph, heads, channels, edge_dim, qk_norm, bias=True):
+    inputs = make_inputs(graph, heads, channels, edge_dim, qk_norm=qk_norm, bias=bias)
+    inputs = leaf_copies(inputs, torch.float32, DEVICE)
     tensors = [inputs[k] for k in ("query", "key", "value")] + [None] + [inputs[k] for k in INPUT_NAMES[3:]]
     return tensors, layout_of(graph).tensors()
 
 
-@pytest.mark.parametrize("edge_features_grad", [True, False])
-def test_opcheck(edge_features_grad):
+@pytest.mark.parametrize(
+    "edge_features_grad, bias", [(True, True), (False, False)], ids=["grad-bias", "no_grad-no_bias"]
+)
+def test_opcheck(edge_features_grad, bias):
     graph = make_graph("decoder_like", scale=1)
-    tensors, layout_args = _op_args(graph, 2, 4, 3, "layer")
+    tensors, layout_args = _op_args(graph, 2, 4, 3, "layer", bias)
     forward_args = (*tensors, *layout_args, "layer", EPS, 2 * EPS)
     torch.library.opcheck(torch.ops.gtnorm.graph_attention_forward.default, forward_args)
     _, lse = torch.ops.gtnorm.graph_attention_forward(*forward_args)
