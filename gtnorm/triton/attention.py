@@ -123,7 +123,8 @@ def check_edge_projection(edge_attr, edge_features, edge_weight, edge_bias, quer
             "ones with a matmul and pass edge_attr)"
         )
     if tuple(edge_weight.shape) != (edge_dim, heads * channels):
-        hint = " (a torch.nn.Linear weight is [H * C, D]: pass weight.t())" if edge_weight.dim() == 2 else ""
+        transposed = tuple(edge_weight.shape) == (heads * channels, edge_dim)
+        hint = " (a torch.nn.Linear weight is [H * C, D]: pass weight.t())" if transposed else ""
         raise ValueError(
             f"edge_weight must have shape [D={edge_dim}, H * C={heads * channels}], got {list(edge_weight.shape)}"
             + hint
