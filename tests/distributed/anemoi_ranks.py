@@ -1,0 +1,149 @@
+"""What each rank runs for tests/distributed/test_anemoi_sharding.py: Anemoi's processor / encoder / decoder
+(Anemoi's own, and gtnorm's drop-in) sharded over the model group, against the same module run whole.
+
+The sharded step feeds the module as Anemoi's model does (anemoi/models/models/encoder_processor_decoder.py):
+hidden nodes sharded in balanced parts, data nodes replicated, edges sharded by destination by the graph
+provider (``shard_edges_1hop``), batch size 1; the output is gathered and every rank takes the same loss.
+Parameter gradients then get the reduction of Anemoi's training: anemoi-training multiplies the gradient of
+every parameter by the model group's size (``register_gradient_scaling_hooks``) and DDP averages it over all
+ranks, which with one model group sums the ranks' partial gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from anemoi.models.distributed.graph import gather_tensor, shard_tensor
+from anemoi.models.distributed.khop_edges import shard_edges_1hop
+from anemoi.models.distributed.shapes import BipartiteGraphShardInfo, GraphShardInfo, get_shard_sizes
+
+from tests.anemoi.setups import (
+    Case,
+    Inputs,
+    StepResult,
+    assert_steps_match,
+    build_pair,
+    make_inputs,
+    rel_error,
+    training_step,
+)
+
+# Both sides compute in float32; the sharded run adds partial sums in another order (halo rows, the
+# reduction of parameter gradients), a few ulps per block.
+TOL = 2e-5
+# (num_src, num_dst) per module, odd so that the balanced shards are uneven ([6, 5] and such).
+GRAPH_SIZES = {"processor": (9, 9), "encoder": (13, 5), "decoder": (5, 13)}
+
+
+@dataclass(frozen=True)
+class ShardedCase:
+    name: str
+    case: Case
+    side: str  # "gtnorm" | "anemoi"
+
+
+def sharded_cases() -> list[ShardedCase]:
+    """Every module and strategy with 5 heads (split [3, 2] over two ranks) and odd node counts, both sides;
+    then 2 heads (an even split) with RMSNorm for the processor's head strategy, gtnorm only.
+
+    Not 3 heads: Anemoi 0.19's head all-to-all fails on a rank holding exactly one head (its buffer for the
+    received [1, H, N, C] chunks gets the channels_last format of the one-head [1, 1, N, C] shard, which
+    torch.distributed refuses as non-contiguous), with either attention backend.
+    """
+    cases = []
+    for kind in ("processor", "encoder", "decoder"):
+        for strategy in ("edges", "heads"):
+            case = Case(kind, batch=1, shard_strategy=strategy, heads=5, channels=40)
+            for side in ("gtnorm", "anemoi"):
+                cases.append(ShardedCase(f"{kind}-{strategy}-5heads-{side}", case, side))
+    case = Case("processor", batch=1, shard_strategy="heads", norm="rms")
+    cases.append(ShardedCase("processor-heads-2heads-rms-gtnorm", case, "gtnorm"))
+    return cases
+
+
+def random_graph(kind: str, generator: torch.Generator) -> tuple[torch.Tensor, int, int]:
+    """(edge_index [2, M] sorted by destination, num_src, num_dst). A processor graph is symmetric (Anemoi's
+    halo exchange relies on it: a rank sends the nodes whose edges it sees reversed); in-degrees 0 to 4."""
+    num_src, num_dst = GRAPH_SIZES[kind]
+    degree = torch.randint(0, 5, (num_dst,), generator=generator)
+    dst = torch.arange(num_dst).repeat_interleave(degree)
+    src = torch.randint(0, num_src, (dst.numel(),), generator=generator)
+    edges = torch.stack([src, dst])
+    if kind == "processor":
+        edges = torch.cat([edges, edges.flip(0)], dim=1).unique(dim=1)
+    order = torch.argsort(edges[1] * num_src + edges[0])
+    return edges[:, order], num_src, num_dst
+
+
+def _sharded_output(module, case: Case, x: tuple, edge_attr, edge_index, group) -> torch.Tensor:
+    """The module's output, gathered, computed on this rank's shards (see the module docstring)."""
+    if case.kind == "processor":
+        nodes = get_shard_sizes(x[0], 0, group)
+        edge_attr, edge_index, edges = shard_edges_1hop(edge_attr, edge_index, len(x[0]), len(x[0]), group)
+        out = module(
+            shard_tensor(x[0], 0, nodes, group),
+            1,
+            GraphShardInfo(nodes=nodes, edges=edges),
+            edge_attr=edge_attr,
+            edge_index=edge_index,
+            model_comm_group=group,
+        )
+        return gather_tensor(out, 0, nodes, group)
+    x_src, x_dst = x
+    edge_attr, edge_index, edges = shard_edges_1hop(edge_attr, edge_index, len(x_src), len(x_dst), group)
+    if case.kind == "encoder":  # data -> hidden: the hidden side sharded, kept sharded for the processor
+        dst = get_shard_sizes(x_dst, 0, group)
+        shard_info = BipartiteGraphShardInfo(src_nodes=None, dst_nodes=dst, edges=edges)
+        x_dst = shard_tensor(x_dst, 0, dst, group)
+        _, out = module(
+            (x_src, x_dst), 1, shard_info, edge_attr, edge_index, model_comm_group=group, keep_x_dst_sharded=True
+        )
+        return gather_tensor(out, 0, dst, group)
+    src = get_shard_sizes(x_src, 0, group)  # decoder, hidden -> data: returns the data nodes whole
+    shard_info = BipartiteGraphShardInfo(src_nodes=src, dst_nodes=None, edges=edges)
+    x_src = shard_tensor(x_src, 0, src, group)
+    return module((x_src, x_dst), 1, shard_info, edge_attr, edge_index, model_comm_group=group)
+
+
+def sharded_training_step(module, case: Case, inputs: Inputs, group) -> StepResult:
+    """:func:`tests.anemoi.setups.training_step` under the model group, parameter gradients reduced as
+    Anemoi's training reduces them."""
+    module.train()
+    module.zero_grad(set_to_none=True)
+    leaves = [t.detach().clone().requires_grad_() for t in inputs.leaves()]
+    out = _sharded_output(module, case, tuple(leaves[:-1]), leaves[-1], inputs.edge_index, group)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
+    (out * weights).sum().backward()
+    param_grads = {}
+    for name, p in module.named_parameters():
+        grad = None
+        if p.grad is not None:
+            grad = p.grad * group.size()  # anemoi-training's gradient scaling hook
+            dist.all_reduce(grad, group=group)  # DDP: the average over all ranks
+            grad /= dist.get_world_size()
+        param_grads[name] = grad
+    return StepResult(out.detach(), [t.grad for t in leaves], param_grads)
+
+
+def check_case(item: ShardedCase, group) -> dict:
+    """{"error": None or what differs, "output_error": relative error of the sharded output}."""
+    case = item.case
+    anemoi_module, gtnorm_module = build_pair(case, "triton", torch.device("cpu"))
+    module = gtnorm_module if item.side == "gtnorm" else anemoi_module
+    inputs = make_inputs(case, torch.device("cpu"), graph=random_graph(case.kind, torch.Generator().manual_seed(3)))
+    whole = training_step(module, case, inputs)
+    sharded = sharded_training_step(module, case, inputs, group)
+    result = {"error": None, "output_error": rel_error(sharded.output, whole.output)}
+    try:
+        assert_steps_match(sharded, whole, TOL)
+    except AssertionError as exc:
+        result["error"] = f"rank {dist.get_rank()}: {exc}"
+    return result
+
+
+def run_anemoi_cases(rank: int, world_size: int, names: list[str]) -> dict:
+    cases = {item.name: item for item in sharded_cases()}
+    group = dist.new_group(list(range(world_size)))  # the model communication group
+    return {name: check_case(cases[name], group) for name in names}
