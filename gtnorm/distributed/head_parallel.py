@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from gtnorm.distributed.plan import HeadParallelPlan
 from gtnorm.triton.attention import graph_transformer_attention
@@ -75,7 +74,7 @@ def _rows_to_heads(x: Tensor, rows: tuple[int, ...], plan: HeadParallelPlan) -> 
     send = torch.cat([part.reshape(-1) for part in x.split(plan.heads, dim=1)])
     sent_sizes = [rows[me] * h * channels for h in plan.heads]
     received_sizes = [n * plan.heads[me] * channels for n in rows]
-    received = all_to_all_single_autograd(send, received_sizes, sent_sizes, _group(plan))
+    received = _all_to_all(send, received_sizes, sent_sizes, plan.group)
     return received.view(sum(rows), plan.heads[me], channels)
 
 
@@ -84,13 +83,36 @@ def _heads_to_rows(out: Tensor, plan: HeadParallelPlan) -> Tensor:
     channels, me, rows = plan.channels, plan.rank, plan.dst_rows
     sent_sizes = [n * plan.heads[me] * channels for n in rows]  # peer r's rows are one contiguous block
     received_sizes = [rows[me] * h * channels for h in plan.heads]
-    received = all_to_all_single_autograd(out.reshape(-1), received_sizes, sent_sizes, _group(plan))
+    received = _all_to_all(out.reshape(-1), received_sizes, sent_sizes, plan.group)
     parts = received.split(received_sizes)
     return torch.cat([part.view(rows[me], h, channels) for part, h in zip(parts, plan.heads, strict=True)], dim=1)
 
 
-def _group(plan: HeadParallelPlan) -> dist.ProcessGroup:
-    return plan.group if plan.group is not None else dist.group.WORLD
+class _AllToAll(torch.autograd.Function):
+    """torch.distributed.all_to_all_single of a flat tensor, differentiable: the backward sends the gradient
+    back the way the values came (the same exchange with the sizes swapped).
+
+    (torch.distributed.nn.functional.all_to_all_single does the same but is deprecated from torch 2.12; the
+    functional collectives' autograd variant returns lazily-waited tensors that Triton kernels cannot read.)
+    """
+
+    @staticmethod
+    def forward(ctx, send: Tensor, received_sizes: list[int], sent_sizes: list[int], group) -> Tensor:
+        ctx.sizes, ctx.group = (received_sizes, sent_sizes), group
+        received = send.new_empty(sum(received_sizes))
+        dist.all_to_all_single(received, send, received_sizes, sent_sizes, group=group)
+        return received
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        received_sizes, sent_sizes = ctx.sizes
+        grad_send = grad.new_empty(sum(sent_sizes))
+        dist.all_to_all_single(grad_send, grad.contiguous(), sent_sizes, received_sizes, group=ctx.group)
+        return grad_send, None, None, None
+
+
+def _all_to_all(send: Tensor, received_sizes: list[int], sent_sizes: list[int], group) -> Tensor:  # [S] -> [R]
+    return _AllToAll.apply(send, received_sizes, sent_sizes, group)
 
 
 class _SumGradientOverGroup(torch.autograd.Function):

@@ -120,7 +120,8 @@ def _check_agreement(table: list[list[int]], world: int) -> None:
         return [row[_FIELDS.index(name)] for row in table]
 
     def by_rank(name):
-        return ", ".join(f"rank {r}: {v}" for r, v in enumerate(column(name)))
+        shown = ["none" if name == "edge_rows" and v == _NO_EDGE_FEATURES else v for v in column(name)]
+        return ", ".join(f"rank {r}: {v}" for r, v in enumerate(shown))
 
     for name in ("heads", "channels", "layout.num_dst", "layout.num_src", "layout.num_edges"):
         if len(set(column(name))) > 1:
