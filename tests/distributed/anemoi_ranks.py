@@ -1,12 +1,8 @@
 """What each rank runs for tests/distributed/test_anemoi_sharding.py: Anemoi's processor / encoder / decoder
 (Anemoi's own, and gtnorm's drop-in) sharded over the model group, against the same module run whole.
 
-The sharded step feeds the module as Anemoi's model does (anemoi/models/models/encoder_processor_decoder.py):
-hidden nodes sharded in balanced parts, data nodes replicated, edges sharded by destination by the graph
-provider (``shard_edges_1hop``), batch size 1; the output is gathered and every rank takes the same loss.
-Parameter gradients then get the reduction of Anemoi's training: anemoi-training multiplies the gradient of
-every parameter by the model group's size (``register_gradient_scaling_hooks``) and DDP averages it over all
-ranks, which with one model group sums the ranks' partial gradients.
+The sharded step feeds the module as Anemoi's model does and reduces the parameter gradients as Anemoi's
+training does (benchmarks/distributed/sharding.py); the output is gathered and every rank takes the same loss.
 """
 
 from __future__ import annotations
@@ -15,10 +11,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from anemoi.models.distributed.graph import gather_tensor, shard_tensor
-from anemoi.models.distributed.khop_edges import shard_edges_1hop
-from anemoi.models.distributed.shapes import BipartiteGraphShardInfo, GraphShardInfo, get_shard_sizes
 
+from benchmarks.distributed.sharding import reduce_gradients_as_anemoi, sharded_module_output
 from tests.anemoi.setups import (
     Case,
     Inputs,
@@ -78,54 +72,17 @@ def random_graph(kind: str, generator: torch.Generator) -> tuple[torch.Tensor, i
     return edges[:, order], num_src, num_dst
 
 
-def _sharded_output(module, case: Case, x: tuple, edge_attr, edge_index, group) -> torch.Tensor:
-    """The module's output, gathered, computed on this rank's shards (see the module docstring)."""
-    if case.kind == "processor":
-        nodes = get_shard_sizes(x[0], 0, group)
-        edge_attr, edge_index, edges = shard_edges_1hop(edge_attr, edge_index, len(x[0]), len(x[0]), group)
-        out = module(
-            shard_tensor(x[0], 0, nodes, group),
-            1,
-            GraphShardInfo(nodes=nodes, edges=edges),
-            edge_attr=edge_attr,
-            edge_index=edge_index,
-            model_comm_group=group,
-        )
-        return gather_tensor(out, 0, nodes, group)
-    x_src, x_dst = x
-    edge_attr, edge_index, edges = shard_edges_1hop(edge_attr, edge_index, len(x_src), len(x_dst), group)
-    if case.kind == "encoder":  # data -> hidden: the hidden side sharded, kept sharded for the processor
-        dst = get_shard_sizes(x_dst, 0, group)
-        shard_info = BipartiteGraphShardInfo(src_nodes=None, dst_nodes=dst, edges=edges)
-        x_dst = shard_tensor(x_dst, 0, dst, group)
-        _, out = module(
-            (x_src, x_dst), 1, shard_info, edge_attr, edge_index, model_comm_group=group, keep_x_dst_sharded=True
-        )
-        return gather_tensor(out, 0, dst, group)
-    src = get_shard_sizes(x_src, 0, group)  # decoder, hidden -> data: returns the data nodes whole
-    shard_info = BipartiteGraphShardInfo(src_nodes=src, dst_nodes=None, edges=edges)
-    x_src = shard_tensor(x_src, 0, src, group)
-    return module((x_src, x_dst), 1, shard_info, edge_attr, edge_index, model_comm_group=group)
-
-
 def sharded_training_step(module, case: Case, inputs: Inputs, group) -> StepResult:
     """:func:`tests.anemoi.setups.training_step` under the model group, parameter gradients reduced as
     Anemoi's training reduces them."""
     module.train()
     module.zero_grad(set_to_none=True)
     leaves = [t.detach().clone().requires_grad_() for t in inputs.leaves()]
-    out = _sharded_output(module, case, tuple(leaves[:-1]), leaves[-1], inputs.edge_index, group)
+    out = sharded_module_output(module, case.kind, tuple(leaves[:-1]), leaves[-1], inputs.edge_index, group)
     weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
     (out * weights).sum().backward()
-    param_grads = {}
-    for name, p in module.named_parameters():
-        grad = None
-        if p.grad is not None:
-            grad = p.grad * group.size()  # anemoi-training's gradient scaling hook
-            dist.all_reduce(grad, group=group)  # DDP: the average over all ranks
-            grad /= dist.get_world_size()
-        param_grads[name] = grad
-    return StepResult(out.detach(), [t.grad for t in leaves], param_grads)
+    reduce_gradients_as_anemoi(module, group)
+    return StepResult(out.detach(), [t.grad for t in leaves], {n: p.grad for n, p in module.named_parameters()})
 
 
 def check_case(item: ShardedCase, group) -> dict:
