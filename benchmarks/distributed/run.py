@@ -185,8 +185,8 @@ def timed_steps(modules: dict, inputs: Inputs, group, setup: Setup, warmup: int,
 def check_sharded_equals_whole(setup: Setup, group) -> list[dict]:
     """Every module, strategy and side, float32: the sharded step's output and gradients against the whole
     module's on this rank. Rows: the largest relative error (and where) per case."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     inputs = make_inputs(CHECK_SPEC, setup, seed=1)
     rows = []
     for strategy in STRATEGIES:
@@ -198,7 +198,7 @@ def check_sharded_equals_whole(setup: Setup, group) -> list[dict]:
                 rows.append({"kind": kind, "strategy": strategy, "side": side, "status": status, **(result or {})})
         del model
         free_memory()
-    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
     return rows
 
 
