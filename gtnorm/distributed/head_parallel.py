@@ -8,6 +8,7 @@ from torch import Tensor
 
 from gtnorm.distributed.plan import HeadParallelPlan
 from gtnorm.triton.attention import graph_transformer_attention
+from gtnorm.triton.config import AttentionLaunchConfig
 from gtnorm.triton.layout import GraphLayout
 
 
@@ -25,6 +26,7 @@ def head_parallel_attention(
     k_norm_weight: Tensor | None = None,  # [C]
     k_norm_bias: Tensor | None = None,  # [C]
     eps: float | None | tuple[float | None, float | None] = None,
+    launch: AttentionLaunchConfig | None = None,
 ) -> Tensor:  # [N_dst_rank, H, C]: this rank's rows of the output
     """:func:`gtnorm.graph_transformer_attention` over a process group, split by heads (as Anemoi's
     ``shard_strategy="heads"``): each rank holds some rows of every input (nodes and edges, consecutive, as the
@@ -36,6 +38,9 @@ def head_parallel_attention(
     the parts are summed over the group inside the backward, and every rank ends with the whole gradient (the
     one a single process gets). Keep them out of any further sum of partial gradients; an average over the
     group (DDP) leaves the equal gradients unchanged. Inputs' gradients arrive on the rank that holds them.
+
+    ``launch``: the kernels' launch plan for this rank's heads (None: the default for ``plan.heads[rank]``
+    heads of C channels).
 
     Every rank of the group must call this together, with tensors of the shapes the plan gives it (checked on
     each rank before any communication) and the same dtypes and norm arguments. The plan's agreement covers
@@ -51,8 +56,9 @@ def head_parallel_attention(
     if not isinstance(plan, HeadParallelPlan):
         raise TypeError(f"plan must be a gtnorm.distributed.HeadParallelPlan, got {type(plan).__name__}")
     plan.check_local(query, key, value, edge_attr)
-    if layout.num_dst != sum(plan.dst_rows) or layout.num_src != sum(plan.src_rows):
-        raise ValueError("layout is not the graph the plan was built for (its node counts differ)")
+    edges_differ = plan.edge_rows is not None and layout.num_edges != sum(plan.edge_rows)
+    if layout.num_dst != sum(plan.dst_rows) or layout.num_src != sum(plan.src_rows) or edges_differ:
+        raise ValueError("layout is not the graph the plan was built for (its node or edge counts differ)")
     norm_params = dict(
         q_norm_weight=q_norm_weight, q_norm_bias=q_norm_bias, k_norm_weight=k_norm_weight, k_norm_bias=k_norm_bias
     )
@@ -62,7 +68,9 @@ def head_parallel_attention(
     key = _rows_to_heads(key, plan.src_rows, plan)
     value = _rows_to_heads(value, plan.src_rows, plan)
     edge_attr = _rows_to_heads(edge_attr, plan.edge_rows, plan) if edge_attr is not None else None
-    out = graph_transformer_attention(query, key, value, edge_attr, layout, qk_norm=qk_norm, eps=eps, **norm_params)
+    out = graph_transformer_attention(
+        query, key, value, edge_attr, layout, qk_norm=qk_norm, eps=eps, launch=launch, **norm_params
+    )
     return _heads_to_rows(out, plan)
 
 
