@@ -9,7 +9,8 @@ scaling efficiency t(1 GPU) / (2 x t(2 GPUs)).
 With 2 processes, rank 0 first measures the 1-GPU rows alone (the other rank waits), then both measure the
 2-GPU rows. Before any timing, every module is checked on the GPUs (NCCL): sharded over the ranks against the
 same module run whole, in float32 (TF32 off), output and every gradient after Anemoi's gradient reduction
-(benchmarks/distributed/sharding.py), on the real graphs with a narrow model (5 heads: an uneven [3, 2] split).
+(benchmarks/distributed/sharding.py), on the real graphs with a narrow model (5 heads: an uneven [3, 2] split);
+and gtnorm.distributed.head_parallel_attention against the single-process op on the processor graph.
 
 One step, as Anemoi's model runs it: the data nodes replicated, the hidden nodes sharded from the encoder's
 output to the decoder's input, each graph's edges sharded by destination, bf16 autocast, gradient
@@ -50,6 +51,8 @@ from benchmarks.distributed.sharding import (
 )
 from benchmarks.graphs.catalog import load_graph
 from benchmarks.graphs.measure import MIB, free_memory, guarded, relative_error
+from gtnorm import GraphLayout, graph_transformer_attention
+from gtnorm.distributed import HeadParallelPlan, balanced_split, head_parallel_attention
 
 GRAPHS = {  # --graphs -> (encoder, processor, decoder) graph names of benchmarks/graphs/catalog.py
     "r6": ("era_to_h", "h_to_h", "h_to_era"),
@@ -239,6 +242,51 @@ def _check_module(module, kind: str, inputs: Inputs, group) -> dict:
     }
 
 
+def check_head_parallel(setup: Setup, group, heads: int = 5, channels: int = 64) -> dict:
+    """gtnorm.distributed.head_parallel_attention on the processor graph against the single-process op, float32
+    with LayerNorm: this rank's output rows and input gradients, the norm parameters' whole gradients."""
+    graph = setup.graphs["processor"]
+    layout = GraphLayout.from_edge_index(graph.edge_index.to(setup.device), (graph.num_src, graph.num_dst))
+    generator = torch.Generator().manual_seed(4)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator).to(setup.device).requires_grad_()
+
+    q, k, v = (rand(n, heads, channels) for n in (graph.num_dst, graph.num_src, graph.num_src))
+    e = rand(graph.num_edges, heads, channels)
+    norms = {name: rand(channels) for name in ("q_norm_weight", "q_norm_bias", "k_norm_weight", "k_norm_bias")}
+    weights = torch.randn(graph.num_dst, heads, channels, generator=generator).to(setup.device)
+    sizes = {n: balanced_split(n, setup.world) for n in {graph.num_dst, graph.num_src, graph.num_edges}}
+
+    def mine(t):
+        part = sizes[len(t)]
+        return t[sum(part[: setup.rank]) : sum(part[: setup.rank + 1])]
+
+    plan = HeadParallelPlan.build(
+        layout, dst_rows=len(mine(q)), src_rows=len(mine(k)), edge_rows=len(mine(e)), heads=heads,
+        channels=channels, group=group,
+    )  # fmt: skip
+    out = head_parallel_attention(mine(q), mine(k), mine(v), mine(e), layout, plan, qk_norm="layer", **norms)
+    (out * mine(weights)).sum().backward()
+    leaves = [q, k, v, e, *norms.values()]
+    parallel = [out.detach()] + [mine(t.grad) for t in leaves[:4]] + [t.grad for t in leaves[4:]]
+    for t in leaves:
+        t.grad = None
+    whole = graph_transformer_attention(q, k, v, e, layout, qk_norm="layer", **norms)
+    (whole * weights).sum().backward()
+    single = [mine(whole.detach())] + [mine(t.grad) for t in leaves[:4]] + [t.grad for t in leaves[4:]]
+    names = ["output", "query", "key", "value", "edge_attr", *norms]
+    errors = {}
+    for name, a, b in zip(names, parallel, single, strict=True):
+        # The key norm's bias shifts all scores of a destination alike: its gradient is rounding noise, measured
+        # against the key norm weight's gradient.
+        scale = single[names.index("k_norm_weight")].norm().item()
+        errors[name] = (a - b).norm().item() / scale if name == "k_norm_bias" else relative_error(a, b)
+    worst = max(errors, key=errors.get)
+    return {"kind": "head_parallel_attention", "strategy": f"{heads} heads", "side": "gtnorm", "status": "ok",
+            "max_rel_error": errors[worst], "worst": worst, "ok": errors[worst] <= CHECK_TOL}  # fmt: skip
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/distributed"))
@@ -264,6 +312,9 @@ def main(argv=None) -> None:
 
     if group is not None and not args.skip_check:
         results["checks"] = check_sharded_equals_whole(setup, group)
+        checked, status = guarded(lambda: check_head_parallel(setup, group))
+        results["checks"].append(checked or {"kind": "head_parallel_attention", "strategy": "-", "side": "gtnorm",
+                                             "status": status, "ok": False})  # fmt: skip
         failed = [c for c in results["checks"] if not c.get("ok")]
         log(f"equality checks: {len(results['checks']) - len(failed)} passed, {len(failed)} failed")
 

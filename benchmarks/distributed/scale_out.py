@@ -1,8 +1,8 @@
 """Scale-out plan on paper: time and memory per GPU of one training step of Anemoi's encoder / processor /
 decoder with gtnorm's blocks, sharded over 1-16 GPUs, for O1280 <-> level 8 and O2560 <-> level 9.
 
-    python -m benchmarks.distributed.plan                  # O320 (check), O1280 and O2560; prints markdown
-    python -m benchmarks.distributed.plan --targets 1280   # O1280 <-> r8 only
+    python -m benchmarks.distributed.scale_out                  # O320 (check), O1280, O2560; prints markdown
+    python -m benchmarks.distributed.scale_out --targets 1280   # O1280 <-> r8 only
 
 How (benchmarks/NOTES.md, "Scale-out plan", says why):
 - The graphs are built (benchmarks/graphs: same rules as the benchmark graphs) and partitioned as Anemoi 0.19
