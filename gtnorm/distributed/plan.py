@@ -62,22 +62,32 @@ class HeadParallelPlan:
         channels. Each rank holds consecutive rows: rank 0 the first ones, then rank 1, and so on; the layout is
         the whole graph's (the same on every rank). Heads are split in balanced contiguous parts.
 
-        One all_gather of eight integers over ``group``, on ``layout``'s device (CUDA for NCCL).
+        One all_gather of nine integers over ``group``, on ``layout``'s device (CUDA for NCCL). Invalid
+        arguments on one rank raise there (TypeError / ValueError) and a ValueError naming that rank on the others.
         """
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("HeadParallelPlan.build needs an initialised torch.distributed process group")
-        if not isinstance(layout, GraphLayout):
-            raise TypeError(f"layout must be a gtnorm.GraphLayout, got {type(layout).__name__}")
-        mine = [dst_rows, src_rows, _NO_EDGE_FEATURES if edge_rows is None else edge_rows, heads, channels]
-        mine += [layout.num_dst, layout.num_src, layout.num_edges]
-        for name, value in zip(_FIELDS, mine, strict=True):
-            if isinstance(value, bool) or not isinstance(value, int) or (value < 0 and name != "edge_rows"):
-                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        numbers = [dst_rows, src_rows, _NO_EDGE_FEATURES if edge_rows is None else edge_rows, heads, channels]
+        problem = _argument_problem(layout, numbers)
+        if problem is None:
+            numbers += [layout.num_dst, layout.num_src, layout.num_edges]
+            device = layout.device
+        else:  # still take part in the all_gather, so that the other ranks raise too instead of waiting
+            numbers = [0] * len(_FIELDS)
+            device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
         world = dist.get_world_size(group)
-        local = torch.tensor(mine, dtype=torch.int64, device=layout.device)
+        local = torch.tensor([problem is None, *numbers], dtype=torch.int64, device=device)
         gathered = [torch.empty_like(local) for _ in range(world)]
         dist.all_gather(gathered, local, group=group)
-        table = torch.stack(gathered).tolist()  # [world, 8], the same on every rank: so are the checks below
+        rows = torch.stack(gathered).tolist()  # [world, 1 + 8], the same on every rank: so are the checks below
+        if problem is not None:
+            raise problem
+        invalid = [rank for rank, row in enumerate(rows) if not row[0]]
+        if invalid:
+            raise ValueError(
+                f"HeadParallelPlan.build: rank(s) {invalid} passed invalid arguments (their error says which)"
+            )
+        table = [row[1:] for row in rows]  # [world, 8]
         _check_agreement(table, world)
         columns = dict(zip(_FIELDS, zip(*table, strict=True), strict=True))
         return cls(
@@ -111,6 +121,17 @@ class HeadParallelPlan:
                 raise ValueError(
                     f"{name} on rank {self.rank} has shape {list(t.shape)}, the plan gives it {list(expected[name])}"
                 )
+
+
+def _argument_problem(layout, numbers: list) -> Exception | None:
+    """The TypeError / ValueError this rank's own arguments deserve, if any."""
+    if not isinstance(layout, GraphLayout):
+        return TypeError(f"layout must be a gtnorm.GraphLayout, got {type(layout).__name__}")
+    for name, value in zip(_FIELDS, numbers, strict=False):
+        allowed_negative = name == "edge_rows" and value == _NO_EDGE_FEATURES  # edge_rows=None
+        if isinstance(value, bool) or not isinstance(value, int) or (value < 0 and not allowed_negative):
+            return ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return None
 
 
 def _check_agreement(table: list[list[int]], world: int) -> None:

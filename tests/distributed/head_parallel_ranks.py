@@ -150,6 +150,7 @@ DISAGREEMENTS = {
     "heads": lambda rank: dict(heads=4 + rank),
     "rows-total": lambda rank: dict(dst_rows=5),
     "edge-features": lambda rank: dict(edge_rows=None if rank else 17),
+    "invalid-on-one-rank": lambda rank: dict(heads=-1 if rank else 4),
 }
 
 
