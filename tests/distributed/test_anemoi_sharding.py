@@ -30,3 +30,4 @@ def test_sharded_step_matches_whole(results, name):
         outcome = rank_results[name]
         assert outcome["error"] is None, outcome["error"]
         assert outcome["output_error"] <= TOL
+        assert outcome["gtnorm_kernels"] == name.endswith("-gtnorm")
