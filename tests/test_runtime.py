@@ -47,7 +47,7 @@ TINY_ATTENTION = """
 
 
 @pytest.mark.skipif(
-    _runtime._triton_version() < _runtime.INTERPRETER_MIN_TRITON,
+    _runtime.TRITON_VERSION < _runtime.INTERPRETER_MIN_TRITON,
     reason="this triton's interpreter cannot run the attention kernels (test_old_interpreter_is_refused...)",
 )
 def test_subpackage_imports_are_lazy_and_leave_the_mode_open():
@@ -145,6 +145,6 @@ def test_unknown_attributes_raise():
 def test_old_interpreter_is_refused_with_a_clear_error(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(_runtime, "_mode_changed_after_definition", lambda: False)
-    monkeypatch.setattr(_runtime, "_triton_version", lambda: (3, 6))
+    monkeypatch.setattr(_runtime, "TRITON_VERSION", (3, 6))
     with pytest.raises(RuntimeError, match=r"needs triton >= 3\.7"):
         _runtime.check_triton_device(torch.device("cpu"), "op")
