@@ -63,7 +63,7 @@ KINDS = ("encoder", "processor", "decoder")
 SIDES = ("anemoi", "gtnorm")
 STRATEGIES = ("edges", "heads")
 NORM = "layer"  # Anemoi's default QK norm (AutocastLayerNorm)
-CHECK_SPEC = ModelSpec(num_channels=40, num_heads=5, mlp_hidden_ratio=2.0, processor_layers=1)
+CHECK_SPEC = ModelSpec(num_channels=80, num_heads=5, mlp_hidden_ratio=2.0, processor_layers=1)
 # A rank that fails inside a step leaves its peers waiting in a collective: this ends the wait (and the run).
 COLLECTIVE_TIMEOUT = timedelta(minutes=4)
 CHECK_TOL = 1e-4  # float32 on graphs of 10^5-10^6 edges: per-rank sums in another order than the whole run's

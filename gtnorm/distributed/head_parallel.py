@@ -79,8 +79,12 @@ def _rows_to_heads(x: Tensor, rows: tuple[int, ...], plan: HeadParallelPlan) -> 
     channels, me = plan.channels, plan.rank
     # Peer r receives [rows[me], heads[r], C]; what arrives from the peers, in rank order, is then already the
     # [sum(rows), heads[me], C] tensor, rows in order.
-    send = torch.cat([part.reshape(-1) for part in x.split(plan.heads, dim=1)])
     sent_sizes = [rows[me] * h * channels for h in plan.heads]
+    send = x.new_empty(sum(sent_sizes))
+    start = 0
+    for size, part in zip(sent_sizes, x.split(plan.heads, dim=1), strict=True):
+        send.narrow(0, start, size).view(part.shape).copy_(part)  # one copy of x; autograd records each slice
+        start += size
     received_sizes = [n * plan.heads[me] * channels for n in rows]
     received = _all_to_all(send, received_sizes, sent_sizes, plan.group)
     return received.view(sum(rows), plan.heads[me], channels)
