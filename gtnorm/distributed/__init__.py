@@ -4,7 +4,8 @@
     out = head_parallel_attention(q, k, v, e, layout, plan, qk_norm="rms", q_norm_weight=wq, k_norm_weight=wk)
 
 Inside Anemoi, its own sharding (``shard_strategy`` "heads" or "edges") already does this around gtnorm's blocks
-(see :mod:`gtnorm.anemoi`); this package is for models outside Anemoi.
+(see :mod:`gtnorm.anemoi`); this package is for models outside Anemoi. Importing it defines gtnorm's kernels:
+on a CPU, set ``TRITON_INTERPRET=1`` before.
 """
 
 from gtnorm.distributed.head_parallel import head_parallel_attention

@@ -56,6 +56,9 @@ def sharded_cases() -> list[ShardedCase]:
             cases.append(ShardedCase(f"{kind}-{strategy}-5heads-anemoi", case.with_(checkpoint=False), "anemoi"))
     case = Case("processor", batch=1, shard_strategy="heads", norm="rms", checkpoint=False)
     cases.append(ShardedCase("processor-heads-2heads-rms-gtnorm", case, "gtnorm"))
+    # Mapper chunks within each GPU's shard (what lowers a mapper's peak memory at scale).
+    case = Case("decoder", batch=1, shard_strategy="edges", heads=5, channels=40, num_chunks=3)
+    cases.append(ShardedCase("decoder-edges-5heads-3chunks-gtnorm", case, "gtnorm"))
     return cases
 
 
