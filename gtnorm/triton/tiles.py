@@ -8,7 +8,7 @@ before the multiply, because M*H*C passes 2**31 on the largest graphs.
 import triton
 import triton.language as tl
 
-from gtnorm.layernorm.math import layer_norm_backward, layer_norm_normalized, layer_norm_stats
+from gtnorm.layernorm.math import layer_norm_affine, layer_norm_backward, layer_norm_normalized, layer_norm_stats
 from gtnorm.rmsnorm.math import rms_norm_backward, rms_norm_rstd
 
 
@@ -86,7 +86,7 @@ def norm_stats(x, mask, C, eps, NORM: tl.constexpr):
     """(mean, rstd) of every head of a [..., BLOCK_H, BLOCK_C] tile, each [..., BLOCK_H, 1]; mean is 0 for
     RMSNorm. Padding lanes of x must hold 0."""
     if NORM == NORM_LAYER:
-        mean, rstd = layer_norm_stats(x, mask, C, eps, len(x.shape) - 1)
+        mean, rstd = layer_norm_stats(x, C, eps, len(x.shape) - 1)
     else:
         rstd = rms_norm_rstd(x, C, eps, len(x.shape) - 1)
         mean = tl.zeros_like(rstd)
@@ -101,7 +101,7 @@ def norm_apply(x, mean, rstd, w, b, mask, NORM: tl.constexpr):
     heads downstream (scores, parameter gradients) then needs a mask of its own.
     """
     if NORM == NORM_LAYER:
-        y = tl.where(mask, layer_norm_normalized(x, mean, rstd, mask) * w + b, 0.0)
+        y = layer_norm_affine(x, mean, rstd, w, b, mask)
     else:
         y = x * rstd * w
     return y
