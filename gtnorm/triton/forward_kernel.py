@@ -11,8 +11,6 @@ import triton
 import triton.language as tl
 
 from gtnorm.triton.tiles import (
-    key_score_terms,
-    key_scores,
     load_norm_param,
     load_row,
     normalize_heads,
@@ -23,21 +21,19 @@ from gtnorm.triton.tiles import (
 
 @triton.jit
 def _online_softmax_step(
-    q, q_wk, q_wk_sum, m, denom, acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr,
-    csc_edge_id_ptr, offsets, mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR: tl.constexpr, NORM: tl.constexpr,
+    q, m, denom, acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr, offsets,
+    mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR: tl.constexpr, NORM: tl.constexpr,
 ):
     """Folds the edge at by-destination position pos into the running max m [BLOCK_H], denominator [BLOCK_H]
-    and accumulator [BLOCK_H, BLOCK_C] of the online softmax; q is the normalised query [BLOCK_H, BLOCK_C], q_wk
-    and q_wk_sum its terms for tiles.key_scores."""
+    and accumulator [BLOCK_H, BLOCK_C] of the online softmax; q is the normalised query [BLOCK_H, BLOCK_C]."""
     src = tl.load(csc_src_ptr + pos)
-    k = load_row(key_ptr, src, offsets, mask, row_len)
+    k = normalize_heads(load_row(key_ptr, src, offsets, mask, row_len), w_k, b_k, mask, C, eps_k, NORM)
     v = load_row(value_ptr, src, offsets, mask, row_len)
-    e = v  # read only with HAS_EDGE_ATTR
     if HAS_EDGE_ATTR:
         e = load_row(edge_attr_ptr, tl.load(csc_edge_id_ptr + pos), offsets, mask, row_len)
-    s = key_scores(q, q_wk, q_wk_sum, k, e, w_k, b_k, mask, C, eps_k, HAS_EDGE_ATTR, NORM) * score_scale
-    if HAS_EDGE_ATTR:
+        k += e
         v += e
+    s = tl.sum(q * k, axis=1) * score_scale  # [BLOCK_H]
     m_new = tl.maximum(m, s)
     p = tl.exp2(s - m_new)
     rescale = tl.exp2(m - m_new)
@@ -58,7 +54,6 @@ def _attend_node(
     start = tl.load(dst_offsets_ptr + slot)
     end = tl.load(dst_offsets_ptr + slot + 1)
     q = normalize_heads(load_row(query_ptr, node, offsets, mask, row_len), w_q, b_q, mask, C, eps_q, NORM)
-    q_wk, q_wk_sum = key_score_terms(q, w_k, NORM)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
@@ -67,16 +62,16 @@ def _attend_node(
         # while this step computes; that pays on nodes with many edges (config.py).
         for pos in tl.range(start, end, num_stages=NUM_STAGES):
             m, denom, acc = _online_softmax_step(
-                q, q_wk, q_wk_sum, m, denom, acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr,
-                csc_edge_id_ptr, offsets, mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR, NORM,
+                q, m, denom, acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
+                offsets, mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR, NORM,
             )  # fmt: skip
     else:
         # The interpreter of older Triton cannot take loaded loop bounds in range(); a while loop it can.
         pos = start
         while pos < end:
             m, denom, acc = _online_softmax_step(
-                q, q_wk, q_wk_sum, m, denom, acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr,
-                csc_edge_id_ptr, offsets, mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR, NORM,
+                q, m, denom, acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
+                offsets, mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR, NORM,
             )  # fmt: skip
             pos += 1
     store_row(out_ptr, node, offsets, mask, row_len, acc / denom[:, None])

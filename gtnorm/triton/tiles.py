@@ -130,39 +130,3 @@ def normalize_heads_backward(x, mean, rstd, w, dy, mask, C, NORM: tl.constexpr):
         x_hat = x * rstd
         dx = rms_norm_backward(x, rstd, w, dy, C, len(x.shape) - 1)
     return dx, x_hat
-
-
-@triton.jit
-def key_score_terms(q, w_k, NORM: tl.constexpr):
-    """What scores against LayerNorm'd keys need of a node's normalised query q' [BLOCK_H, BLOCK_C]: q' * w_k and
-    its sum over each head's channels, [BLOCK_H, 1] (computed once per node; unused by the other kinds)."""
-    q_wk = q * w_k[None, :]
-    if NORM == NORM_LAYER:
-        q_wk_sum = tl.sum(q_wk, axis=1, keep_dims=True)
-    else:
-        q_wk_sum = tl.zeros([q.shape[0], 1], tl.float32)
-    return q_wk, q_wk_sum
-
-
-@triton.jit
-def key_scores(q, q_wk, q_wk_sum, k, e, w_k, b_k, mask, C, eps_k, HAS_EDGE_ATTR: tl.constexpr, NORM: tl.constexpr):
-    """<q', norm(k) + e> of every head, [BLOCK_H]: k is the raw key row, e the edge's features (unused without
-    HAS_EDGE_ATTR), q_wk and q_wk_sum from key_score_terms.
-
-    With LayerNorm the normalised key is never formed: <q', (k - mean) * rstd * w_k> = rstd * (<q' w_k, k> -
-    mean * sum(q' w_k)), so the statistics and the score are four independent sums of the raw row, with no
-    reduction waiting for another (the key's bias is left out: ops._norm_flags). Rows whose mean is far above
-    their spread lose precision in that difference, as in the one-pass variance (layer_norm_stats).
-    """
-    if NORM == NORM_LAYER:
-        mean, rstd = layer_norm_stats(k, C, eps_k, 1)
-        s = rstd * (tl.sum(q_wk * k, axis=1, keep_dims=True) - mean * q_wk_sum)
-        if HAS_EDGE_ATTR:
-            s += tl.sum(q * e, axis=1, keep_dims=True)
-        s = tl.reshape(s, [s.shape[0]])
-    else:
-        k = normalize_heads(k, w_k, b_k, mask, C, eps_k, NORM)
-        if HAS_EDGE_ATTR:
-            k += e
-        s = tl.sum(q * k, axis=1)
-    return s
