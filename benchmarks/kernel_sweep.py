@@ -6,8 +6,9 @@ For each graph (bf16, H=16, C=64, qk_norm with affine weights unless --no-qk-nor
 forward+backward under torch.profiler and prints the mean time of each kernel, its registers per thread and
 spills, how many cp.async copies its PTX holds (software-pipelined loads), and the forward / backward / total
 as % of the HBM floor (bytes that must move ÷ copy bandwidth measured in this run). Settings are overrides of
-``gtnorm.triton.config.attention_launch_config`` written as specs (``parse_setting``); the defaults live
-there. This is how the numbers in benchmarks/NOTES.md were taken.
+the plan ``gtnorm.triton.config.attention_launch_config`` returns, written as specs (``parse_setting``) and passed
+to the op as its ``launch`` argument; the defaults live there. This is how the numbers in benchmarks/NOTES.md
+were taken.
 """
 
 from __future__ import annotations
@@ -124,12 +125,12 @@ class AttentionProblem:
         grad_out = torch.randn(graph.num_dst, heads, channels, device="cuda", dtype=dtype)
         return cls(layout, inputs, weights, grad_out)
 
-    def forward_backward(self, qk_norm: bool) -> None:
-        """One forward+backward, leaf grads reset first (qk_norm: with both affine weights)."""
+    def forward_backward(self, qk_norm: bool, launch=None) -> None:
+        """One forward+backward, leaf grads reset first (qk_norm: with both affine weights; launch: the plan)."""
         for t in (*self.inputs, *self.weights):
             t.grad = None
         norm = dict(qk_norm=True, q_norm_weight=self.weights[0], k_norm_weight=self.weights[1]) if qk_norm else {}
-        gtnorm.graph_transformer_attention(*self.inputs, self.layout, **norm).backward(self.grad_out)
+        gtnorm.graph_transformer_attention(*self.inputs, self.layout, **norm, launch=launch).backward(self.grad_out)
 
 
 def main() -> None:
@@ -144,7 +145,6 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")
     compiled = record_compiled_kernels()
-    default_config = launch_config.attention_launch_config
     for name in args.graphs:
         graph = load_graph(name)
         problem = AttentionProblem.on_graph(graph, heads, channels, dtype)
@@ -153,12 +153,12 @@ def main() -> None:
             problem.layout.index_bytes(),
         )  # fmt: skip
 
-        def step(problem=problem):
-            problem.forward_backward(qk_norm=not args.no_qk_norm)
-
         for setting in args.settings:
-            change = parse_setting(setting)
-            ops.attention_launch_config = lambda h, c, _change=change: _change(default_config(h, c), h)
+            launch = parse_setting(setting)(launch_config.attention_launch_config(heads, channels), heads)
+
+            def step(problem=problem, launch=launch):
+                problem.forward_backward(qk_norm=not args.no_qk_norm, launch=launch)
+
             try:
                 step()
             except Exception as error:  # a setting the compiler rejects: report it, go on with the others
@@ -177,7 +177,6 @@ def main() -> None:
                 f" total {100 * (fwd_bytes + bwd_bytes) / bandwidth / ((fwd + bwd) * 1e-3):.0f}%",
                 flush=True,
             )
-        ops.attention_launch_config = default_config
         del problem, step
         torch.cuda.empty_cache()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import os
 import sys
 import warnings
@@ -55,9 +56,23 @@ def triton_can_run_on(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+# The kernels' edge loops run range() over bounds loaded from the graph's offsets; the interpreter of Triton
+# before 3.7 cannot (compiled Triton can, from the oldest version pyproject.toml allows).
+INTERPRETER_MIN_TRITON = (3, 7)
+# Read once here (from the package metadata, without importing triton): torch.compile traces the checks below.
+TRITON_VERSION = tuple(int(part) for part in importlib.metadata.version("triton").split(".")[:2])
+
+
 def check_triton_device(device: torch.device, what: str) -> None:
     """Raises a RuntimeError saying why, unless the Triton kernels can run on ``device`` tensors now."""
     if triton_can_run_on(device):
+        if interpreter_active() and TRITON_VERSION < INTERPRETER_MIN_TRITON:
+            need = ".".join(map(str, INTERPRETER_MIN_TRITON))
+            raise RuntimeError(
+                f"{what}: the Triton interpreter of triton {'.'.join(map(str, TRITON_VERSION))} cannot run "
+                f"gtnorm's kernels (their loops run over loaded bounds); it needs triton >= {need}. Install a newer "
+                "triton, run on a CUDA GPU, or use the PyG/torch path"
+            )
         return
     if _mode_changed_after_definition():
         was, now = ("1", "unset or 0") if kernels_interpreted() else ("unset or 0", "1")

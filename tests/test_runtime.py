@@ -46,6 +46,10 @@ TINY_ATTENTION = """
 """
 
 
+@pytest.mark.skipif(
+    _runtime.TRITON_VERSION < _runtime.INTERPRETER_MIN_TRITON,
+    reason="this triton's interpreter cannot run the attention kernels (test_old_interpreter_is_refused...)",
+)
 def test_subpackage_imports_are_lazy_and_leave_the_mode_open():
     """Importing gtnorm and its subpackages defines no kernel, so TRITON_INTERPRET set afterwards still counts."""
     result = run_python(
@@ -136,3 +140,11 @@ def test_unknown_attributes_raise():
         with pytest.raises(AttributeError, match="no_such_name"):
             package.no_such_name  # noqa: B018
     assert "GraphTransformerConv" in dir(gtnorm.nn) and "rms_norm" in dir(gtnorm.rmsnorm)
+
+
+def test_old_interpreter_is_refused_with_a_clear_error(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(_runtime, "_mode_changed_after_definition", lambda: False)
+    monkeypatch.setattr(_runtime, "TRITON_VERSION", (3, 6))
+    with pytest.raises(RuntimeError, match=r"needs triton >= 3\.7"):
+        _runtime.check_triton_device(torch.device("cpu"), "op")

@@ -7,6 +7,7 @@ import numbers
 from torch import Tensor
 
 from gtnorm._runtime import check_dtype, check_triton_device, resolve_eps
+from gtnorm.triton.config import AttentionLaunchConfig
 from gtnorm.triton.layout import GraphLayout
 from gtnorm.triton.ops import graph_attention
 
@@ -28,6 +29,7 @@ def graph_transformer_attention(
     k_norm_weight: Tensor | None = None,  # [C]
     k_norm_bias: Tensor | None = None,  # [C]
     eps: float | None | tuple[float | None, float | None] = None,
+    launch: AttentionLaunchConfig | None = None,
 ) -> Tensor:  # [N_dst, H, C]
     """Graph-transformer attention: for every destination i, softmax over its incoming edges (j -> i) of
     <q'_i, k'_j + e_ij> / sqrt(C), summed messages v_j + e_ij, per head.
@@ -50,6 +52,9 @@ def graph_transformer_attention(
     Destinations without incoming edges get 0. Differentiable in query, key, value, edge_attr and every norm
     parameter.
 
+    ``launch`` is the kernels' launch plan; None takes ``gtnorm.triton.config.attention_launch_config(H, C)``.
+    Sweeps and tests pass their own; under torch.compile only the default can run.
+
     Shapes:
         query: [N_dst, H, C]; key, value: [N_src, H, C]; edge_attr: [M, H, C] or None (M = layout.num_edges,
         in the caller's edge order); norm weights and biases: [C]; output: [N_dst, H, C].
@@ -61,7 +66,7 @@ def graph_transformer_attention(
     eps_q, eps_k = resolve_norm_eps(eps, kind, query.dtype, key.dtype)
     operands = [t.contiguous() if t is not None else None for t in (query, key, value, edge_attr)]
     norm_params = [p.contiguous() if p is not None else None for p in params.values()]
-    out, _ = graph_attention(*operands, *norm_params, *layout.tensors(), kind or "none", eps_q, eps_k)
+    out, _ = graph_attention(*operands, *norm_params, *layout.tensors(), kind or "none", eps_q, eps_k, launch=launch)
     return out
 
 

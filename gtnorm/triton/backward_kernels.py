@@ -171,25 +171,13 @@ def edge_softmax_backward_by_destination_kernel(
     acc_b = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
     mean_q = tl.zeros([BLOCK_H, 1], tl.float32)
     rstd_q = tl.full([BLOCK_H, 1], 1.0, tl.float32)
-    if NUM_STAGES > 0:
-        for pos in tl.range(start, end, num_stages=NUM_STAGES):
-            delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q = _by_destination_step(
-                delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, pos, start, end, query_ptr,
-                key_ptr, value_ptr, edge_attr_ptr, csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr,
-                grad_query_ptr, attn_ptr, grad_attn_ptr, delta_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, H,
-                row_len, C, score_scale, sm_scale, eps_q, eps_k, HAS_EDGE_ATTR, NORM, HAS_Q_WEIGHT, HAS_Q_BIAS,
-            )  # fmt: skip
-    else:
-        # The interpreter of older Triton cannot take loaded loop bounds in range(); a while loop it can.
-        pos = start
-        while pos < end:
-            delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q = _by_destination_step(
-                delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, pos, start, end, query_ptr,
-                key_ptr, value_ptr, edge_attr_ptr, csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr,
-                grad_query_ptr, attn_ptr, grad_attn_ptr, delta_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, H,
-                row_len, C, score_scale, sm_scale, eps_q, eps_k, HAS_EDGE_ATTR, NORM, HAS_Q_WEIGHT, HAS_Q_BIAS,
-            )  # fmt: skip
-            pos += 1
+    for pos in tl.range(start, end, num_stages=NUM_STAGES):
+        delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q = _by_destination_step(
+            delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, pos, start, end, query_ptr,
+            key_ptr, value_ptr, edge_attr_ptr, csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr,
+            grad_query_ptr, attn_ptr, grad_attn_ptr, delta_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, H,
+            row_len, C, score_scale, sm_scale, eps_q, eps_k, HAS_EDGE_ATTR, NORM, HAS_Q_WEIGHT, HAS_Q_BIAS,
+        )  # fmt: skip
 
     if NORM != NORM_NONE:
         _store_param_grad_partial(
@@ -307,24 +295,13 @@ def edge_softmax_backward_by_source_kernel(
     grad_b_k = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
     grad_v = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
     grad_k = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
-    if NUM_STAGES > 0:
-        for pos in tl.range(start, end, num_stages=NUM_STAGES):
-            grad_v, grad_k, grad_w_k, grad_b_k = _by_source_step(
-                grad_v, grad_k, grad_w_k, grad_b_k, pos, start, end, query_ptr, key_ptr, csr_src_ptr, csr_dst_ptr,
-                csr_edge_id_ptr, grad_out_ptr, attn_ptr, grad_attn_ptr, delta_ptr, grad_key_ptr, grad_value_ptr,
-                grad_edge_attr_ptr, w_q, b_q, w_k, offsets, mask, offs_h, H, row_len, C, sm_scale, eps_q, eps_k,
-                HAS_EDGE_ATTR, NORM, HAS_K_WEIGHT, HAS_K_BIAS,
-            )  # fmt: skip
-    else:
-        pos = start
-        while pos < end:
-            grad_v, grad_k, grad_w_k, grad_b_k = _by_source_step(
-                grad_v, grad_k, grad_w_k, grad_b_k, pos, start, end, query_ptr, key_ptr, csr_src_ptr, csr_dst_ptr,
-                csr_edge_id_ptr, grad_out_ptr, attn_ptr, grad_attn_ptr, delta_ptr, grad_key_ptr, grad_value_ptr,
-                grad_edge_attr_ptr, w_q, b_q, w_k, offsets, mask, offs_h, H, row_len, C, sm_scale, eps_q, eps_k,
-                HAS_EDGE_ATTR, NORM, HAS_K_WEIGHT, HAS_K_BIAS,
-            )  # fmt: skip
-            pos += 1
+    for pos in tl.range(start, end, num_stages=NUM_STAGES):
+        grad_v, grad_k, grad_w_k, grad_b_k = _by_source_step(
+            grad_v, grad_k, grad_w_k, grad_b_k, pos, start, end, query_ptr, key_ptr, csr_src_ptr, csr_dst_ptr,
+            csr_edge_id_ptr, grad_out_ptr, attn_ptr, grad_attn_ptr, delta_ptr, grad_key_ptr, grad_value_ptr,
+            grad_edge_attr_ptr, w_q, b_q, w_k, offsets, mask, offs_h, H, row_len, C, sm_scale, eps_q, eps_k,
+            HAS_EDGE_ATTR, NORM, HAS_K_WEIGHT, HAS_K_BIAS,
+        )  # fmt: skip
 
     if NORM != NORM_NONE:
         _store_param_grad_partial(

@@ -1,4 +1,7 @@
-"""Launch settings of the attention kernels, chosen from the tensor sizes and the graph's mean degrees.
+"""Launch settings of the attention kernels: :func:`attention_launch_config` is the one plan function, chosen
+from the tensor sizes; the per-graph numbers (nodes per program) follow from it and the graph's mean degrees.
+The ops take a plan as an argument (``launch=``), so a sweep or a test passes its own in rather than patching
+this module.
 
 Nothing here benchmarks: a new graph never triggers a tuning run, the per-graph numbers (nodes per backward
 program) are runtime arguments, and the forward's pipeline depth takes one of two values, so at most two
@@ -12,7 +15,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from gtnorm._runtime import interpreter_active, sm_count
+from gtnorm._runtime import sm_count
 
 # Row slice (heads x padded channels) of one program: the forward and the by-source pass keep up to 1024
 # elements together; the by-destination pass holds more state per element (q, dO, two accumulators) and
@@ -46,7 +49,7 @@ class KernelLaunch:
     block_h: int  # heads per program (a power of two)
     head_groups: int  # programs along the head axis
     num_warps: int
-    num_stages: int  # software-pipeline depth of the edge loop; 0: a plain while loop (the interpreter)
+    num_stages: int  # software-pipeline depth of the edge loop (the interpreter ignores it); 1: not pipelined
     edges_per_program: int = 1  # target number of edges per program (whole nodes)
     max_registers: int = 0  # the compiler's register cap per thread (maxnreg); 0: its own choice
 
@@ -65,7 +68,7 @@ class AttentionLaunchConfig:
     by_source: KernelLaunch
 
     def forward_stages(self, mean_in_degree: float) -> int:
-        if self.forward.num_stages == 0 or mean_in_degree >= _FORWARD_PIPELINE_MIN_DEGREE:
+        if mean_in_degree >= _FORWARD_PIPELINE_MIN_DEGREE:
             return self.forward.num_stages
         return 1
 
@@ -81,18 +84,12 @@ def next_power_of_2(n: int) -> int:
 
 def _launch(num_heads: int, block_c: int, row_slice: int, num_warps: int, num_stages: int, **kw) -> KernelLaunch:
     block_h = min(next_power_of_2(num_heads), max(1, row_slice // block_c))
-    if interpreter_active():  # older interpreters cannot run range() over loaded bounds: the while loop
-        num_stages = 0
     return KernelLaunch(block_h, cdiv(num_heads, block_h), num_warps, num_stages, **kw)
 
 
+@functools.cache
 def attention_launch_config(num_heads: int, head_dim: int) -> AttentionLaunchConfig:
     """Launch settings for H heads of C channels (cached: it runs on every call's host path)."""
-    return _attention_launch_config(num_heads, head_dim, interpreter_active())
-
-
-@functools.cache
-def _attention_launch_config(num_heads: int, head_dim: int, _interpreted: bool) -> AttentionLaunchConfig:
     block_c = next_power_of_2(head_dim)
     per_program = _BACKWARD_EDGES_PER_PROGRAM
     return AttentionLaunchConfig(
@@ -119,9 +116,12 @@ class ColumnSumLaunch:
     rows_per_program: int  # a multiple of block_r
 
 
-def column_sum_launch(n_rows: int, n_cols: int, device) -> ColumnSumLaunch | None:
-    """How to reduce [n_rows, n_cols] partial rows to one block sum per program; None: leave it all to torch."""
-    if n_rows < _COLUMN_SUM_MIN_ROWS:
+def column_sum_launch(
+    n_rows: int, n_cols: int, device, min_rows: int = _COLUMN_SUM_MIN_ROWS
+) -> ColumnSumLaunch | None:
+    """How to reduce [n_rows, n_cols] partial rows to one block sum per program; None: leave it all to torch
+    (below ``min_rows`` rows)."""
+    if n_rows < min_rows or n_rows == 0:
         return None
     block_c = next_power_of_2(n_cols)
     block_r = max(1, _COLUMN_SUM_TILE // block_c)

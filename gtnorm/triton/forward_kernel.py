@@ -57,23 +57,13 @@ def _attend_node(
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
-    if NUM_STAGES > 0:
-        # With NUM_STAGES > 1 the pipeliner issues the loads of the next steps (cp.async into shared memory)
-        # while this step computes; that pays on nodes with many edges (config.py).
-        for pos in tl.range(start, end, num_stages=NUM_STAGES):
-            m, denom, acc = _online_softmax_step(
-                q, m, denom, acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
-                offsets, mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR, NORM,
-            )  # fmt: skip
-    else:
-        # The interpreter of older Triton cannot take loaded loop bounds in range(); a while loop it can.
-        pos = start
-        while pos < end:
-            m, denom, acc = _online_softmax_step(
-                q, m, denom, acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
-                offsets, mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR, NORM,
-            )  # fmt: skip
-            pos += 1
+    # With NUM_STAGES > 1 the pipeliner issues the loads of the next steps (cp.async into shared memory)
+    # while this step computes; that pays on nodes with many edges (config.py).
+    for pos in tl.range(start, end, num_stages=NUM_STAGES):
+        m, denom, acc = _online_softmax_step(
+            q, m, denom, acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr, csc_src_ptr, csc_edge_id_ptr,
+            offsets, mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR, NORM,
+        )  # fmt: skip
     store_row(out_ptr, node, offsets, mask, row_len, acc / denom[:, None])
     tl.store(lse_ptr + node.to(tl.int64) * H + offs_h, m + tl.log2(denom), mask=offs_h < H)
 

@@ -184,42 +184,50 @@ class GraphLayout:
 class _SortedEdges:
     """An EdgeWalk before the host knows how many nodes have edges (the one number that needs a sync)."""
 
-    order: torch.Tensor  # [N] int64: nodes by slot, those without edges last
-    offsets: torch.Tensor  # [N + 1] int64, by slot
+    order: torch.Tensor | None  # [N] int64: the visiting order; None: the caller's numbering
+    degree: torch.Tensor  # [N] int64, by node
     positions: torch.Tensor  # [M] int64: edge ids in walk order
     node: torch.Tensor  # [M] int64: the walk's node at each position
     neighbour: torch.Tensor  # [M] int64: the other end at each position
     num_busy: torch.Tensor  # [] int64 on the device
+    node_offsets: torch.Tensor | None  # [N + 1] int64: the offsets by node (order None only)
 
     @classmethod
     def of(cls, node, neighbour, order, num_nodes: int) -> _SortedEdges:
         """``order`` None: the caller's numbering. Then node ids need not be checked yet: nothing is gathered
         with them, and ids out of range only leave the walk (the caller raises before using it)."""
-        arange = torch.arange(num_nodes + 1, device=node.device)
+        node_offsets = None
         if order is None:
-            # Sorting by node is sorting by slot (nodes without edges move last below, which keeps the others'
-            # order), so one stable sort gives the walk, and the nodes' degrees with it.
+            # Sorting by node is sorting by slot when every node has edges (the common case, settled in walk()),
+            # so one stable sort gives the walk, and the offsets and degrees with it.
             walk_node, positions = torch.sort(node, stable=True)
-            degree = torch.searchsorted(walk_node, arange).diff()
-            order = torch.argsort((degree == 0).to(torch.int8), stable=True)
+            node_offsets = torch.searchsorted(walk_node, torch.arange(num_nodes + 1, device=node.device))
+            degree = node_offsets.diff()
         else:
             degree = torch.zeros(num_nodes, dtype=torch.int64, device=node.device)
             degree.index_add_(0, node, torch.ones_like(node))  # integer sums: the same on every run
-            # Nodes without edges to the last slots; a stable sort keeps the visiting order of the rest.
-            order = order[torch.argsort((degree[order] == 0).to(torch.int8), stable=True)]
             positions = _walk_positions(node, order)
             walk_node = node[positions]
-        offsets = torch.cumsum(torch.cat([degree.new_zeros(1), degree[order]]), dim=0)
-        return cls(order, offsets, positions, walk_node, neighbour[positions], (degree > 0).sum())
+        num_busy = torch.count_nonzero(degree)
+        return cls(order, degree, positions, walk_node, neighbour[positions], num_busy, node_offsets)
 
     def walk(self, num_busy: int) -> EdgeWalk:
+        num_nodes = self.degree.numel()
+        if self.order is None and num_busy == num_nodes:  # the caller's numbering, every slot busy
+            order, offsets = torch.arange(num_nodes, dtype=torch.int32, device=self.degree.device), self.node_offsets
+        else:
+            order = self.order if self.order is not None else torch.arange(num_nodes, device=self.degree.device)
+            # Nodes without edges to the last slots; a stable sort keeps the visiting order of the rest. Within
+            # a node the edges stay as sorted, so positions need no change.
+            order = order[torch.argsort((self.degree[order] == 0).to(torch.int8), stable=True)]
+            offsets = torch.cumsum(torch.cat([self.degree.new_zeros(1), self.degree[order]]), dim=0)
         return EdgeWalk(
-            offsets=self.offsets.int(),
-            node_by_slot=self.order.int(),
+            offsets=offsets.int(),
+            node_by_slot=order.int(),
             node=self.node.int(),
             neighbour=self.neighbour.int(),
             edge_id=self.positions.int(),
-            without_edges=torch.sort(self.order[num_busy:]).values,
+            without_edges=torch.sort(order[num_busy:]).values.long(),
         )
 
 

@@ -188,7 +188,13 @@ def cached_layout(
     return _SHARED_CACHE.get(edge_index, num_src, num_dst)
 
 
-@torch.library.custom_op("gtnorm::cached_layout", mutates_args=())
+# A CUDA graph replays the op's copy kernels, not its Python lookup: captured (torch.compile's
+# mode="reduce-overhead"), it would hand a new graph of the same shape the layout of the one recorded. Tagged
+# unsafe, the capture is split around it (torch >= 2.9 knows the tag).
+_NOT_IN_CUDA_GRAPHS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
+
+@torch.library.custom_op("gtnorm::cached_layout", mutates_args=(), tags=_NOT_IN_CUDA_GRAPHS)
 def _cached_layout_op(edge_index: Tensor, num_src: int, num_dst: int) -> list[Tensor]:
     """Both walks' tensors (EdgeWalk field order, by destination then by source), fresh tensors (an op's outputs
     may not be shared with earlier calls): a few index arrays, copied on the device, no sync on a hit."""

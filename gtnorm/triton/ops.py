@@ -9,6 +9,7 @@ schema checks, its autograd wrapper) costs host time on every call that only tra
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -20,7 +21,7 @@ from gtnorm.triton.backward_kernels import (
     edge_softmax_backward_by_destination_kernel,
     edge_softmax_backward_by_source_kernel,
 )
-from gtnorm.triton.config import attention_launch_config, column_sum_launch
+from gtnorm.triton.config import AttentionLaunchConfig, ColumnSumLaunch, attention_launch_config, column_sum_launch
 from gtnorm.triton.forward_kernel import graph_attention_forward_kernel
 from gtnorm.triton.partial_sum_kernel import column_sum_kernel
 
@@ -53,6 +54,7 @@ def attention_forward(
     qk_norm: str,  # "none", "rms" or "layer"
     eps_q: float,
     eps_k: float,
+    launch: AttentionLaunchConfig | None = None,  # None: attention_launch_config(H, C)
 ) -> tuple[Tensor, Tensor]:
     """Returns (out [N_dst, H, C] in query's dtype, lse [N_dst, H] fp32 log2-sum-exp2 of the scores)."""
     num_dst, num_heads, head_dim = query.shape
@@ -60,7 +62,7 @@ def attention_forward(
     lse = new_output((num_dst, num_heads), torch.float32, query.device)
     if num_dst == 0:
         return out, lse
-    launch = attention_launch_config(num_heads, head_dim)
+    launch = launch or attention_launch_config(num_heads, head_dim)
     fwd = launch.forward
     busy_slots = num_dst - dst_without_edges.numel()  # slots with edges come first
     mean_in_degree = csc_src.numel() / max(busy_slots, 1)
@@ -86,9 +88,22 @@ def attention_forward(
     return out, lse
 
 
-graph_attention_forward = torch.library.custom_op("gtnorm::graph_attention_forward", mutates_args=())(
-    attention_forward
-)
+def _op_schema(fn) -> str:
+    """``fn``'s schema without its ``launch`` argument: a plan is a Python object, which an op cannot take, so
+    the custom ops (what torch.compile traces) always run the default plan."""
+    signature = inspect.signature(fn)
+
+    def prototype():  # defined here, so fn's string annotations resolve in this module's namespace
+        pass
+
+    kept = [p for name, p in signature.parameters.items() if name != "launch"]
+    prototype.__signature__ = signature.replace(parameters=kept)
+    return torch.library.infer_schema(prototype, mutates_args=())
+
+
+graph_attention_forward = torch.library.custom_op(
+    "gtnorm::graph_attention_forward", mutates_args=(), schema=_op_schema(attention_forward)
+)(attention_forward)
 
 
 @graph_attention_forward.register_fake
@@ -121,6 +136,7 @@ def attention_backward(
     qk_norm: str,  # "none", "rms" or "layer"
     eps_q: float,
     eps_k: float,
+    launch: AttentionLaunchConfig | None = None,  # None: attention_launch_config(H, C)
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Returns (dq, dk, dv, d_edge_attr, d_q_norm_weight, d_q_norm_bias, d_k_norm_weight, d_k_norm_bias), each in
     its input's dtype; absent inputs get empty fp32 grads."""
@@ -139,7 +155,7 @@ def attention_backward(
     grad_attn = new_output((num_edges, num_heads), torch.float32, device)
     delta = new_output((num_dst, num_heads), torch.float32, device)
 
-    launch = attention_launch_config(num_heads, head_dim)
+    launch = launch or attention_launch_config(num_heads, head_dim)
     by_dst, by_src = launch.by_destination, launch.by_source
     dst_slots = num_dst - dst_without_edges.numel()  # slots with edges come first
     src_slots = num_src - src_without_edges.numel()
@@ -220,7 +236,8 @@ def _zero_rows(tensors: tuple[Tensor, ...], rows: Tensor) -> None:
 
 def _param_grads(weight: Tensor | None, bias: Tensor | None, partial: Tensor, computed: bool, device):
     """(d weight, d bias) from the [weight | bias] partial rows: one column sum for both."""
-    sums = _column_sum(partial) if computed and partial.shape[1] else None
+    launch = column_sum_launch(partial.shape[0], partial.shape[1], device)
+    sums = column_sum(partial, launch) if computed and partial.shape[1] else None
     grads, column = [], 0
     for param in (weight, bias):
         if param is None:
@@ -233,8 +250,10 @@ def _param_grads(weight: Tensor | None, bias: Tensor | None, partial: Tensor, co
     return grads[0], grads[1]
 
 
-def _column_sum(rows: Tensor) -> Tensor:  # [n_rows, C] fp32 -> [C] fp32, summed in a fixed order
-    launch = column_sum_launch(rows.shape[0], rows.shape[1], rows.device)
+def column_sum(
+    rows: Tensor,  # [n_rows, C] fp32
+    launch: ColumnSumLaunch | None,  # config.column_sum_launch's plan; None: torch's sum alone
+) -> Tensor:  # [C] fp32, summed in a fixed order
     if launch is not None:  # tall: block sums first, then torch sums the few block rows
         sums = torch.empty((launch.programs, rows.shape[1]), dtype=torch.float32, device=rows.device)
         column_sum_kernel[(launch.programs,)](
@@ -245,9 +264,9 @@ def _column_sum(rows: Tensor) -> Tensor:  # [n_rows, C] fp32 -> [C] fp32, summed
     return rows.sum(dim=0)
 
 
-graph_attention_backward = torch.library.custom_op("gtnorm::graph_attention_backward", mutates_args=())(
-    attention_backward
-)
+graph_attention_backward = torch.library.custom_op(
+    "gtnorm::graph_attention_backward", mutates_args=(), schema=_op_schema(attention_backward)
+)(attention_backward)
 
 
 @graph_attention_backward.register_fake
@@ -280,11 +299,12 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(output[1])
 
 
-def _backward(ctx, grad_out, _grad_lse, backward=torch.ops.gtnorm.graph_attention_backward):
+def _backward(ctx, grad_out, _grad_lse, backward=torch.ops.gtnorm.graph_attention_backward, **launch):
     query, key, value, edge_attr, *rest = ctx.saved_tensors
     norm_params, lse, layout = rest[:_NORM_PARAMS], rest[_NORM_PARAMS], rest[_NORM_PARAMS + 1 :]
     grads = backward(
-        grad_out, query, key, value, edge_attr, *norm_params, lse, *layout, ctx.qk_norm, ctx.eps_q, ctx.eps_k
+        grad_out, query, key, value, edge_attr, *norm_params, lse, *layout, ctx.qk_norm, ctx.eps_q, ctx.eps_k,
+        **launch,
     )
     inputs = (query, key, value, edge_attr, *norm_params)
     return (
@@ -303,19 +323,22 @@ class _EagerGraphAttention(torch.autograd.Function):
     """The custom op's forward, backward and autograd formula, without its dispatch (module docstring)."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        output = attention_forward(*inputs)
+    def forward(ctx, launch, *inputs):
+        output = attention_forward(*inputs, launch=launch)
         _setup_context(ctx, inputs, output)
+        ctx.launch = launch
         return output
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        return _backward(ctx, grad_out, grad_lse, backward=attention_backward)
+        return None, *_backward(ctx, grad_out, grad_lse, backward=attention_backward, launch=ctx.launch)
 
 
-def graph_attention(*inputs) -> tuple[Tensor, Tensor]:
-    """(out, lse) of the attention; inputs as :func:`attention_forward` takes them. The custom op where
-    torch.compile traces, the same functions directly elsewhere."""
+def graph_attention(*inputs, launch: AttentionLaunchConfig | None = None) -> tuple[Tensor, Tensor]:
+    """(out, lse) of the attention; inputs as :func:`attention_forward` takes them, ``launch`` the plan (None:
+    attention_launch_config's). The custom op where torch.compile traces, the same functions directly elsewhere."""
     if torch.compiler.is_compiling():
+        if launch is not None:
+            raise ValueError("a launch plan cannot be passed through torch.compile: the custom ops run the default")
         return graph_attention_forward(*inputs)
-    return _EagerGraphAttention.apply(*inputs)
+    return _EagerGraphAttention.apply(launch, *inputs)

@@ -193,3 +193,16 @@ def test_compiled_layer_has_no_graph_break_and_sees_new_graphs(backend, recwarn)
         _assert_matches_pyg(conv, graph, edge_index)
         edge_index[1, :10] = (edge_index[1, :10] + 3) % graph.num_dst
     assert not [w for w in recwarn if "dynamo" in str(w.message).lower() or "graph break" in str(w.message)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_cuda_graphs_of_the_compiled_layer_see_new_graphs():
+    """mode="reduce-overhead" replays CUDA graphs: the lookup must still run for every call, so two graphs of one
+    shape and different content (Anemoi's decoder chunks) each get their own layout."""
+    conv = torch.compile(make_conv(8, backend="triton", device="cuda"), mode="reduce-overhead", fullgraph=True)
+    first = make_graph("processor_like", seed=18)
+    edge_index = first.edge_index.clone().cuda()
+    for step in range(4):
+        _assert_matches_pyg(conv, first, edge_index.clone())
+        edge_index[1, : 10 + step] = (edge_index[1, : 10 + step] + 3) % first.num_dst
