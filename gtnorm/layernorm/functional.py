@@ -14,17 +14,12 @@ import torch
 from torch import Tensor
 
 from gtnorm._runtime import check_dtype, check_triton_device, device_guard, new_output
+from gtnorm.layernorm.config import layer_norm_launch_config
 from gtnorm.layernorm.kernels import layer_norm_backward_kernel, layer_norm_forward_kernel
-from gtnorm.rmsnorm.config import rms_norm_launch_config
 from gtnorm.rmsnorm.functional import _check_inputs as _check_x_and_weight
 
 # torch.nn.LayerNorm's default.
 LAYER_NORM_DEFAULT_EPS = 1e-5
-
-
-def _launch_config(x: Tensor, backward: bool = False):
-    # The same tiles as the RMSNorm kernels: both read and write whole rows and are bound by memory.
-    return rms_norm_launch_config(x.shape[0], x.shape[1], x.dtype, x.device, backward=backward)
 
 
 @torch.library.custom_op("gtnorm::layer_norm_forward", mutates_args=())
@@ -39,7 +34,7 @@ def layer_norm_forward_op(
     y = new_output(x.shape, x.dtype, x.device)
     if x.numel() == 0:
         return y
-    cfg = _launch_config(x)
+    cfg = layer_norm_launch_config(n_rows, n_cols, x.dtype, x.device)
     with device_guard(x.device):
         layer_norm_forward_kernel[(cfg.n_programs,)](
             x, weight.contiguous() if weight is not None else x, bias.contiguous() if bias is not None else x, y,
@@ -71,7 +66,7 @@ def layer_norm_backward_op(
     device = x.device
     grad_x = new_output(x.shape, x.dtype, device)
     params = [p for p in (weight, bias) if p is not None]
-    cfg = _launch_config(x, backward=True)
+    cfg = layer_norm_launch_config(n_rows, n_cols, x.dtype, device, backward=True)
     n_programs = cfg.n_programs if x.numel() else 0
     partial = new_output((n_programs, len(params) * n_cols), torch.float32, device)
     if n_programs:

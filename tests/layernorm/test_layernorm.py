@@ -110,13 +110,13 @@ def test_eps_is_used():
 
 def test_loops_over_row_blocks_with_a_partial_tail(monkeypatch):
     """More row blocks than programs, the last one partial: every program walks several blocks."""
-    real_config = layer_norm_functional.rms_norm_launch_config
+    real_config = layer_norm_functional.layer_norm_launch_config
 
     def few_programs(*args, **kwargs):
         cfg = real_config(*args, **kwargs)
         return type(cfg)(block_m=4, block_c=cfg.block_c, num_warps=cfg.num_warps, n_programs=3)
 
-    monkeypatch.setattr(layer_norm_functional, "rms_norm_launch_config", few_programs)
+    monkeypatch.setattr(layer_norm_functional, "layer_norm_launch_config", few_programs)
     check_against_torch((45, 20), (20,), torch.float32)
 
 
