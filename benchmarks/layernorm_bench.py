@@ -1,5 +1,7 @@
-"""Standalone LayerNorm: gtnorm's Triton kernels against torch.compile(F.layer_norm), eager F.layer_norm and
-Liger's Triton LayerNorm (when ``liger_kernel`` is installed), as % of copy bandwidth.
+"""Standalone LayerNorm: torch.compile(F.layer_norm), eager F.layer_norm and Liger's Triton LayerNorm (when
+``liger_kernel`` is installed), as % of copy bandwidth: what a standalone Triton LayerNorm in gtnorm would have to
+beat. One was measured against them and did not earn its place (benchmarks/NOTES.md, v7); gtnorm's LayerNorm lives
+fused in the attention kernels only.
 
     python -m benchmarks.layernorm_bench [--channels 64 128 256 512 1024] [--elements-log2 28] [--dtype bfloat16]
                                          [--out DIR]
@@ -23,7 +25,6 @@ import torch.nn.functional as F
 import triton
 
 from benchmarks.kernel_sweep import copy_bandwidth
-from gtnorm.layernorm import layer_norm
 
 
 def _liger_layer_norm():
@@ -81,7 +82,6 @@ def main() -> None:
         grad_y = torch.randn_like(x)
         tensor_bytes = x.numel() * x.element_size()
         variants = {
-            "gtnorm": lambda x, w, b: layer_norm(x, (x.shape[-1],), w, b, eps),
             # A fresh compile per size, specialised to it (a reused one would turn dynamic after the first C).
             "torch.compile": torch.compile(lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, eps), dynamic=False),
             "eager": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, eps),

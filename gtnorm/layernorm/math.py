@@ -28,17 +28,6 @@ def layer_norm_stats(x, n_cols, eps, AXIS: tl.constexpr):
 
 
 @triton.jit
-def layer_norm_stats_centred(x, mask, n_cols, eps, AXIS: tl.constexpr):
-    """(mean, rstd) as layer_norm_stats, in two passes: the mean, then the variance of the centred row (masked:
-    x - mean is -mean on padding lanes). No cancellation for rows whose mean is large against their spread; for
-    the standalone kernels, which wait on memory, not on this second reduction."""
-    mean = tl.sum(x, axis=AXIS, keep_dims=True) / n_cols
-    centred = tl.where(mask, x - mean, 0.0)
-    var = tl.sum(centred * centred, axis=AXIS, keep_dims=True) / n_cols
-    return mean, tl.rsqrt(var + eps)
-
-
-@triton.jit
 def layer_norm_normalized(x, mean, rstd, mask):
     """x_hat = (x - mean) * rstd, 0 on padding lanes (also where rstd is infinite there, e.g. eps = 0)."""
     return tl.where(mask, (x - mean) * rstd, 0.0)
