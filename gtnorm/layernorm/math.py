@@ -3,11 +3,14 @@ shared by the graph-transformer kernels, which call them on Q/K rows they have a
 
 All helpers work on fp32 tiles of any rank; ``AXIS`` is the (constexpr) axis being normalised and ``mask`` marks
 the real lanes. Padding lanes of x hold 0 (loads use ``other=0``), so they add nothing to the statistics' sums;
-x - mean is -mean there, so the normalised row is masked before it enters any sum.
+x - mean is -mean there, so x_hat is masked, and the affine output is 0 there only through a weight and bias that
+are 0 on those lanes.
 """
 
 import triton
 import triton.language as tl
+
+FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
@@ -24,7 +27,8 @@ def layer_norm_stats(x, n_cols, eps, AXIS: tl.constexpr):
     mean = tl.sum(x, axis=AXIS, keep_dims=True) / n_cols
     mean_sq = tl.sum(x * x, axis=AXIS, keep_dims=True) / n_cols
     var = tl.maximum(mean_sq - mean * mean, 0.0)
-    return mean, tl.rsqrt(var + eps)
+    # Finite even for an all-zero row with eps = 0 (a padding head): it then normalises to 0, not to 0 * inf.
+    return mean, tl.minimum(tl.rsqrt(var + eps), FLOAT32_MAX)
 
 
 @triton.jit
@@ -34,9 +38,9 @@ def layer_norm_normalized(x, mean, rstd, mask):
 
 
 @triton.jit
-def layer_norm_affine(x, mean, rstd, w, b, mask):
-    """x_hat * w + b, 0 on padding lanes (the bias, or a missing weight's 1, would make them nonzero)."""
-    return tl.where(mask, (x - mean) * rstd * w + b, 0.0)
+def layer_norm_affine(x, mean, rstd, w, b):
+    """x_hat * w + b, unmasked: 0 on padding lanes where w and b are 0 there; a padding row (x = 0) comes out as b."""
+    return (x - mean) * rstd * w + b
 
 
 @triton.jit
