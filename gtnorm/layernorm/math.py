@@ -21,7 +21,7 @@ def layer_norm_stats(x, n_cols, eps, AXIS: tl.constexpr):
     One pass: the sum and the sum of squares reduce independently, var = E[x^2] - mean^2 (the kernels normalise
     a gathered row at every edge step, and a second reduction that waits for the mean lengthens each step,
     benchmarks/NOTES.md v7). In fp32 the variance then carries a relative error of a few ulp times
-    (1 + mean^2 / var): ~1e-5 at mean = 10 std, tested in tests/layernorm/test_math.py. Clamped at 0, so that
+    (1 + mean^2 / var): ~3e-5 at mean = 10 std, tested in tests/layernorm/test_math.py. Clamped at 0, so that
     rounding cannot make it negative.
     """
     mean = tl.sum(x, axis=AXIS, keep_dims=True) / n_cols

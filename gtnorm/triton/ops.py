@@ -215,7 +215,7 @@ def _norm_flags(qk_norm: str, q_weight, q_bias, k_weight, k_bias) -> dict:
     if qk_norm not in NORM_CODES:
         raise ValueError(f"qk_norm must be one of {tuple(NORM_CODES)}, got {qk_norm!r}")
     # The key norm's bias b adds <q'_i, b> to every score of destination i alike: the softmax cancels it, so the
-    # output does not depend on it and its gradient is exactly 0. The kernels leave it out (it cost 8-15 % on
+    # output does not depend on it and its gradient is exactly 0. The kernels leave it out (it cost 5-10 % on
     # the decoder and processor and C fp32 columns per by-source program, benchmarks/NOTES.md v7).
     del k_bias
     return dict(
