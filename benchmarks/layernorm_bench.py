@@ -28,9 +28,11 @@ from benchmarks.kernel_sweep import copy_bandwidth
 
 
 def _liger_layer_norm():
+    """Liger's LayerNorm function, or None (with the reason printed) where it cannot be imported."""
     try:
         from liger_kernel.ops.layer_norm import LigerLayerNormFunction
-    except ImportError:
+    except Exception as exc:  # not installed, or its package init failing on this torch/triton: skip, say why
+        print(f"liger_kernel skipped: {exc!r}")
         return None
     return lambda x, w, b, eps: LigerLayerNormFunction.apply(x, w, b, eps)
 
@@ -69,7 +71,7 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     liger = _liger_layer_norm()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s; {args.dtype}, "
-          f"M*C = 2^{args.elements_log2}; liger_kernel {'found' if liger else 'not installed: skipped'}")  # fmt: skip
+          f"M*C = 2^{args.elements_log2}; liger_kernel {'found' if liger else 'skipped'}")  # fmt: skip
     eps = 1e-5
     rows = []
     print(f"{'C':>6} {'variant':14s} {'fwd ms':>8} {'fwd %bw':>8} {'bwd ms':>8} {'bwd %bw':>8} {'max rel err':>11}")
