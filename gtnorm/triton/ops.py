@@ -81,7 +81,7 @@ def attention_forward(
             out, lse,
             busy_slots, nodes_per_program, num_heads, head_dim, LOG2E / math.sqrt(head_dim), eps_q, eps_k,
             HAS_EDGE_ATTR=edge_attr is not None,
-            **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias),
+            **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight),
             BLOCK_H=fwd.block_h, BLOCK_C=launch.block_c, NUM_STAGES=num_stages, num_warps=fwd.num_warps,
             **fwd.compile_options(),
         )  # fmt: skip
@@ -172,7 +172,7 @@ def attention_backward(
     k_partial = new_output((src_programs * by_src.head_groups, k_partial_width), torch.float32, device)
     flags = dict(
         HAS_EDGE_ATTR=has_edge_attr,
-        **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias),
+        **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight),
         BLOCK_C=launch.block_c,
     )
     q_weight, q_bias, k_weight, k_bias = _or(query, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias)
@@ -211,13 +211,12 @@ def _or(fallback: Tensor, *tensors: Tensor | None) -> list[Tensor]:
     return [t if t is not None else fallback for t in tensors]
 
 
-def _norm_flags(qk_norm: str, q_weight, q_bias, k_weight, k_bias) -> dict:
+def _norm_flags(qk_norm: str, q_weight, q_bias, k_weight) -> dict:
     if qk_norm not in NORM_CODES:
         raise ValueError(f"qk_norm must be one of {tuple(NORM_CODES)}, got {qk_norm!r}")
     # The key norm's bias b adds <q'_i, b> to every score of destination i alike: the softmax cancels it, so the
     # output does not depend on it and its gradient is exactly 0. The kernels leave it out (it cost 5-10 % on
     # the decoder and processor and C fp32 columns per by-source program, benchmarks/NOTES.md v7).
-    del k_bias
     return dict(
         NORM=NORM_CODES[qk_norm],
         HAS_Q_WEIGHT=q_weight is not None,
