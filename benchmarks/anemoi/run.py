@@ -64,6 +64,7 @@ class ModelSpec:
     processor_layers: int = 2
     data_channels: int = 100  # variables per data-grid node
     coord_channels: int = 4  # sin/cos of latitude and longitude of the destination nodes
+    shard_strategy: str = "edges"  # Anemoi's default; what its blocks do under a model group of several GPUs
 
     def arguments(self, kind: str, norm: str, backend: str) -> dict:
         args = dict(
@@ -75,6 +76,7 @@ class ModelSpec:
             qk_norm=NORMS[norm] is not None,
             layer_kernels=NORMS[norm] or {},
             graph_attention_backend=backend,
+            shard_strategy=self.shard_strategy,
         )
         if kind == "processor":
             return args | dict(num_layers=self.processor_layers)

@@ -2,28 +2,45 @@
 shared by the graph-transformer kernels, which call them on Q/K rows they have already loaded.
 
 All helpers work on fp32 tiles of any rank; ``AXIS`` is the (constexpr) axis being normalised and ``mask`` marks
-the real lanes. Unlike RMSNorm's sums, the centred row x - mean is not 0 on padding lanes (it is -mean there),
-so it is masked before it enters the variance, and the normalised row is masked before it enters any sum.
+the real lanes. Padding lanes of x hold 0 (loads use ``other=0``), so they add nothing to the statistics' sums;
+x - mean is -mean there, so x_hat is masked, and the affine output is 0 there only through a weight and bias that
+are 0 on those lanes.
 """
 
 import triton
 import triton.language as tl
 
+FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
+
 
 @triton.jit
-def layer_norm_stats(x, mask, n_cols, eps, AXIS: tl.constexpr):
+def layer_norm_stats(x, n_cols, eps, AXIS: tl.constexpr):
     """(mean, rstd) of x along AXIS, each kept as a size-1 axis so it broadcasts against x. Padding lanes of x
-    must hold 0 (load with ``other=0``)."""
+    must hold 0.
+
+    One pass: the sum and the sum of squares reduce independently, var = E[x^2] - mean^2 (the kernels normalise
+    a gathered row at every edge step, and a second reduction that waits for the mean lengthens each step,
+    benchmarks/NOTES.md v7). In fp32 the variance then carries a relative error of a few ulp times
+    (1 + mean^2 / var): ~3e-5 at mean = 10 std, tested in tests/layernorm/test_math.py. Clamped at 0, so that
+    rounding cannot make it negative.
+    """
     mean = tl.sum(x, axis=AXIS, keep_dims=True) / n_cols
-    centred = tl.where(mask, x - mean, 0.0)
-    var = tl.sum(centred * centred, axis=AXIS, keep_dims=True) / n_cols
-    return mean, tl.rsqrt(var + eps)
+    mean_sq = tl.sum(x * x, axis=AXIS, keep_dims=True) / n_cols
+    var = tl.maximum(mean_sq - mean * mean, 0.0)
+    # Finite even for an all-zero row with eps = 0 (a padding head): it then normalises to 0, not to 0 * inf.
+    return mean, tl.minimum(tl.rsqrt(var + eps), FLOAT32_MAX)
 
 
 @triton.jit
 def layer_norm_normalized(x, mean, rstd, mask):
     """x_hat = (x - mean) * rstd, 0 on padding lanes (also where rstd is infinite there, e.g. eps = 0)."""
     return tl.where(mask, (x - mean) * rstd, 0.0)
+
+
+@triton.jit
+def layer_norm_affine(x, mean, rstd, w, b):
+    """x_hat * w + b, unmasked: 0 on padding lanes where w and b are 0 there; a padding row (x = 0) comes out as b."""
+    return (x - mean) * rstd * w + b
 
 
 @triton.jit

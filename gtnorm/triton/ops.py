@@ -98,7 +98,7 @@ def attention_forward(
             busy_slots, nodes_per_program, num_heads, head_dim, LOG2E / math.sqrt(head_dim), eps_q, eps_k,
             HAS_EDGE_ATTR=edge_attr is not None,
             **_edge_projection_flags(edge_features, edge_bias),
-            **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias),
+            **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight),
             BLOCK_H=fwd.block_h, BLOCK_C=launch.block_c, NUM_STAGES=num_stages, num_warps=fwd.num_warps,
             **fwd.compile_options(),
         )  # fmt: skip
@@ -196,7 +196,7 @@ def attention_backward(
     # One fp32 row per program: the weight's C columns, then the bias's, summed in a fixed order afterwards.
     normed = qk_norm != "none"
     q_params = [p for p in (q_norm_weight, q_norm_bias) if p is not None] if normed else []
-    k_params = [p for p in (k_norm_weight, k_norm_bias) if p is not None] if normed else []
+    k_params = [k_norm_weight] if normed and k_norm_weight is not None else []  # no key bias: _norm_flags
     q_partial_width, k_partial_width = len(q_params) * head_dim, len(k_params) * head_dim
     q_partial = new_output((dst_programs * by_dst.head_groups, q_partial_width), torch.float32, device)
     k_partial = new_output((src_programs * by_src.head_groups, k_partial_width), torch.float32, device)
@@ -205,7 +205,7 @@ def attention_backward(
     )
     flags = dict(
         HAS_EDGE_ATTR=has_edge_attr,
-        **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias),
+        **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight),
         BLOCK_C=launch.block_c,
     )
     edge_projection_flags = _edge_projection_flags(edge_features, edge_bias)
@@ -243,7 +243,8 @@ def attention_backward(
                 **by_src.compile_options(), **flags,
             )  # fmt: skip
         grad_q_weight, grad_q_bias = _param_grads(q_norm_weight, q_norm_bias, q_partial, normed, device)
-        grad_k_weight, grad_k_bias = _param_grads(k_norm_weight, k_norm_bias, k_partial, normed, device)
+        grad_k_weight, _ = _param_grads(k_norm_weight, None, k_partial, normed, device)
+        _, grad_k_bias = _param_grads(None, k_norm_bias, k_partial, False, device)  # exactly 0 (_norm_flags)
         grad_edge_features = _edge_features_grad(edge_features, grad_features_partial, edge_features_grad, device)
         grad_edge_weight, grad_edge_bias = _edge_weight_grads(
             edge_weight, edge_bias, feature_sums, query, grad_out, q_norm_weight, q_norm_bias, qk_norm, eps_q
@@ -322,15 +323,18 @@ def _or(fallback: Tensor, *tensors: Tensor | None) -> list[Tensor]:
     return [t if t is not None else fallback for t in tensors]
 
 
-def _norm_flags(qk_norm: str, q_weight, q_bias, k_weight, k_bias) -> dict:
+def _norm_flags(qk_norm: str, q_weight, q_bias, k_weight) -> dict:
     if qk_norm not in NORM_CODES:
         raise ValueError(f"qk_norm must be one of {tuple(NORM_CODES)}, got {qk_norm!r}")
+    # The key norm's bias b adds <q'_i, b> to every score of destination i alike: the softmax cancels it, so the
+    # output does not depend on it and its gradient is exactly 0. The kernels leave it out (it cost 5-10 % on
+    # the decoder and processor and C fp32 columns per by-source program, benchmarks/NOTES.md v7).
     return dict(
         NORM=NORM_CODES[qk_norm],
         HAS_Q_WEIGHT=q_weight is not None,
         HAS_Q_BIAS=q_bias is not None,
         HAS_K_WEIGHT=k_weight is not None,
-        HAS_K_BIAS=k_bias is not None,
+        HAS_K_BIAS=False,
     )
 
 

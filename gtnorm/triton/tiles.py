@@ -8,7 +8,7 @@ before the multiply, because M*H*C passes 2**31 on the largest graphs.
 import triton
 import triton.language as tl
 
-from gtnorm.layernorm.math import layer_norm_backward, layer_norm_normalized, layer_norm_stats
+from gtnorm.layernorm.math import layer_norm_affine, layer_norm_backward, layer_norm_normalized, layer_norm_stats
 from gtnorm.rmsnorm.math import rms_norm_backward, rms_norm_rstd
 
 
@@ -65,13 +65,14 @@ def walk_position(node_ptr, pos, start, end):
 
 @triton.jit
 def load_norm_param(ptr, C, PRESENT: tl.constexpr, DEFAULT: tl.constexpr, BLOCK_C: tl.constexpr):
-    """A norm weight or bias [C] as fp32 [BLOCK_C] (0 on padding lanes); DEFAULT (1 for a weight, 0 for a bias)
-    everywhere when the norm has none."""
+    """A norm weight or bias [C] as fp32 [BLOCK_C]; DEFAULT (1 for a weight, 0 for a bias) on the real lanes when the
+    norm has none. 0 on padding lanes either way: the LayerNorm's output is then 0 there without a mask (norm_apply).
+    """
     offs_c = tl.arange(0, BLOCK_C)
     if PRESENT:
         p = tl.load(ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
     else:
-        p = tl.full([BLOCK_C], DEFAULT, tl.float32)
+        p = tl.where(offs_c < C, DEFAULT, 0.0)
     return p
 
 
@@ -86,7 +87,7 @@ def norm_stats(x, mask, C, eps, NORM: tl.constexpr):
     """(mean, rstd) of every head of a [..., BLOCK_H, BLOCK_C] tile, each [..., BLOCK_H, 1]; mean is 0 for
     RMSNorm. Padding lanes of x must hold 0."""
     if NORM == NORM_LAYER:
-        mean, rstd = layer_norm_stats(x, mask, C, eps, len(x.shape) - 1)
+        mean, rstd = layer_norm_stats(x, C, eps, len(x.shape) - 1)
     else:
         rstd = rms_norm_rstd(x, C, eps, len(x.shape) - 1)
         mean = tl.zeros_like(rstd)
@@ -95,13 +96,16 @@ def norm_stats(x, mask, C, eps, NORM: tl.constexpr):
 
 @triton.jit
 def norm_apply(x, mean, rstd, w, b, mask, NORM: tl.constexpr):
-    """The norm of x from its statistics, weight w and bias b ([BLOCK_C], shared by the heads).
+    """The norm of x from its statistics, weight w and bias b ([BLOCK_C], shared by the heads, 0 on padding lanes:
+    load_norm_param).
 
-    LayerNorm rows are 0 on padding lanes and heads (the bias would make them b): nothing that sums over lanes or
-    heads downstream (scores, parameter gradients) then needs a mask of its own.
+    No mask (it cost one select per element of every gathered row): LayerNorm rows are 0 on padding lanes through
+    w and b, so scores need no mask of their own; a padding head comes out as b, which nothing reads: its scores
+    and outputs are never stored, and its gradient terms are 0 (its keys and edge features are 0, so dq' is 0
+    there, and the parameter gradients take x_hat, which normalize_heads_backward masks).
     """
     if NORM == NORM_LAYER:
-        y = tl.where(mask, layer_norm_normalized(x, mean, rstd, mask) * w + b, 0.0)
+        y = layer_norm_affine(x, mean, rstd, w, b)
     else:
         y = x * rstd * w
     return y

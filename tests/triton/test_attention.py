@@ -174,6 +174,39 @@ def test_separate_eps_for_query_and_key(qk_norm):
     assert rel_error(swapped, ref_out) > 1e-3  # the test can tell the two apart
 
 
+def test_key_norm_bias_changes_nothing_and_gets_an_exact_zero_gradient():
+    """The key norm's bias adds <q'_i, b_k> to every score of destination i alike, which the softmax cancels: the
+    kernels leave it out (ops._norm_flags), so the output equals the one without it bitwise and its gradient is
+    exactly 0 (the float64 reference's is rounding, tests/graphs.py: key_bias_error)."""
+    graph = make_graph("processor_like")
+    inputs = make_inputs(graph, 3, 5, torch.float64, qk_norm="layer")
+    inputs["k_norm_bias"] = 10 * inputs["k_norm_bias"]  # large, so that a kernel that added it would round differently
+    grad_out = torch.randn(graph.num_dst, 3, 5, dtype=torch.float64)
+    out, grads = run_gtnorm(leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out.to(DEVICE), "layer")
+    assert torch.equal(grads["k_norm_bias"], torch.zeros(5, device=DEVICE))
+    without = leaf_copies({**inputs, "k_norm_bias": None}, torch.float32, DEVICE)
+    out_without, grads_without = run_gtnorm(without, layout_of(graph), grad_out.to(DEVICE), "layer")
+    assert torch.equal(out, out_without)
+    assert all(torch.equal(grads[name], grads_without[name]) for name in grads_without)
+    ref_out, _ = run_reference(leaf_copies(inputs, torch.float64, "cpu"), graph, grad_out, "layer")
+    assert rel_error(out, ref_out) < 1e-5
+
+
+def test_layer_norm_rows_with_a_large_mean():
+    """Query and key rows offset by +-10 times their spread: the one-pass statistics (gtnorm/layernorm/math.py)
+    lose ~100x more to rounding there than on centred rows (measured 0.5-2e-5 over six seeds, against ~1e-7 to
+    5e-7 on randn rows), so the tolerance is 1e-4, the bound tests/layernorm/test_math.py checks for rstd."""
+    graph = make_graph("encoder_like")
+    inputs = make_inputs(graph, 2, 64, torch.float64, qk_norm="layer")
+    for name in ("query", "key"):
+        rows = inputs[name].shape[:2]
+        inputs[name] = inputs[name] + 10 * torch.randn(*rows, 1, dtype=torch.float64).sign()
+    grad_out = torch.randn(graph.num_dst, 2, 64, dtype=torch.float64)
+    ref_out, ref_grads = run_reference(leaf_copies(inputs, torch.float64, "cpu"), graph, grad_out, "layer")
+    out, grads = run_gtnorm(leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out.to(DEVICE), "layer")
+    assert_matches(out, grads, ref_out, ref_grads, 1e-4)
+
+
 @pytest.mark.parametrize("qk_norm", ["rms", "layer"])
 def test_default_eps_is_torchs(qk_norm):
     """eps=None: float32's epsilon for RMSNorm, 1e-5 for LayerNorm (torch.nn.LayerNorm's default)."""

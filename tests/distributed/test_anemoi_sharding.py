@@ -1,0 +1,33 @@
+"""Anemoi's processor, encoder and decoder sharded over a model group of two ranks (gloo, CPU), "edges" and
+"heads" strategies: output, input gradients and every parameter gradient (after the reduction Anemoi's training
+applies) equal to the same module run whole, for gtnorm's drop-ins and, beside them, for Anemoi's own modules.
+
+Two processes run every case in one spawn (starting a process costs seconds of imports); gtnorm's kernels run
+through the Triton interpreter (TRITON_INTERPRET=1, set by tests/conftest.py and inherited by the processes),
+Anemoi's modules on their PyG backend (Anemoi's Triton backend needs CUDA).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("anemoi.models", reason="needs anemoi-models (pip install --no-deps anemoi-models==0.19.0)")
+
+from tests.distributed.anemoi_ranks import TOL, run_anemoi_cases, sharded_cases  # noqa: E402
+from tests.distributed.spawn import run_on_ranks  # noqa: E402
+
+CASE_NAMES = [item.name for item in sharded_cases()]
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_on_ranks(run_anemoi_cases, CASE_NAMES, world_size=2)
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_sharded_step_matches_whole(results, name):
+    for rank_results in results:
+        outcome = rank_results[name]
+        assert outcome["error"] is None, outcome["error"]
+        assert outcome["output_error"] <= TOL
+        assert outcome["gtnorm_kernels"] == name.endswith("-gtnorm")
