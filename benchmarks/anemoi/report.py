@@ -13,9 +13,13 @@ def write_outputs(results: dict, out_dir: Path, plot: bool = True) -> None:
     write_result_files(results, out_dir, markdown(results), write_plot if plot and results["rows"] else None)
 
 
-def speedup(row: dict, mode: str, baseline: str = "anemoi") -> float | None:
-    """The baseline side's time / gtnorm's time (above 1: gtnorm is faster)."""
-    a, g = (row.get(side, {}).get(mode, {}) for side in (baseline, "gtnorm"))
+def speedup(row: dict, mode: str) -> float | None:
+    """Anemoi's time / gtnorm's time (above 1: gtnorm is faster)."""
+    return _ratio(row, "anemoi", "gtnorm", mode)
+
+
+def _ratio(row: dict, slower: str, faster: str, mode: str) -> float | None:
+    a, g = (row.get(side, {}).get(mode, {}) for side in (slower, faster))
     if a.get("status") != "ok" or g.get("status") != "ok":
         return None
     return a["ms"] / g["ms"]
@@ -49,12 +53,12 @@ def markdown(results: dict) -> str:
         f"{model['processor_layers']} layers; batch 1; gradient checkpointing on (Anemoi's default). Times: median "
         "ms (triton.testing.do_bench). Memory: extra peak MiB of one call over what was allocated before it. "
         "Speed-up = Anemoi's time / gtnorm's; saving = 1 - gtnorm's extra memory / Anemoi's. Output error: "
-        "gtnorm's inference output against Anemoi's (norm-wise relative). Fused e: gtnorm's drop-in with lin_edge "
-        "formed before the kernels (materialised e) / with lin_edge fused into them, training step.",
+        "gtnorm's inference output against Anemoi's (norm-wise relative). Fused e: gtnorm's drop-in opted in to "
+        "lin_edge inside the kernels (FUSE_EDGE_PROJECTION); gain = gtnorm's training step as shipped / with fused e.",
         "",
         "| module | QK norm | autocast | train ms Anemoi | train ms gtnorm | train speed-up | infer ms Anemoi "
         "| infer ms gtnorm | infer speed-up | train extra MiB Anemoi | gtnorm | saving | infer saving | output error "
-        "| train ms gtnorm, materialised e | fused e gain |",
+        "| train ms gtnorm, fused e | fused e gain |",
         "|" + " --- |" * 16,
     ]
     for row in results["rows"]:
@@ -73,8 +77,8 @@ def markdown(results: dict) -> str:
             _cell(memory_saving(row, "train"), ".0%"),
             _cell(memory_saving(row, "infer"), ".0%"),
             _cell(row.get("output_rel_error"), ".1e"),
-            _measured(row, "gtnorm_materialised_e", "train", "ms", ".2f"),
-            _cell(speedup(row, "train", baseline="gtnorm_materialised_e"), ".2f") + "×",
+            _measured(row, "gtnorm_fused_e", "train", "ms", ".2f"),
+            _cell(_ratio(row, "gtnorm", "gtnorm_fused_e", "train"), ".2f") + "×",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Run time: {meta.get('wall_s', 0):.0f} s."]

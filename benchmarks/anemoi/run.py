@@ -49,9 +49,9 @@ NORMS = {
     },
 }
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-# "gtnorm_materialised_e": gtnorm's drop-in with lin_edge run before the kernels (the edge features [M, H, C]
-# formed, as in gtnorm before the fused edge projection), to show what fusing it gains inside the blocks.
-SIDES = ("anemoi", "gtnorm", "gtnorm_materialised_e")
+# "gtnorm_fused_e": gtnorm's drop-in opted in to running lin_edge inside the kernels (the edge features [M, H, C]
+# never formed; gtnorm/anemoi/block.py FUSE_EDGE_PROJECTION), to show what that does inside the blocks.
+SIDES = ("anemoi", "gtnorm", "gtnorm_fused_e")
 
 
 @dataclass(frozen=True)
@@ -90,8 +90,8 @@ class ModelSpec:
 
 
 def build_modules(spec: ModelSpec, kind: str, norm: str, device: torch.device) -> dict[str, torch.nn.Module]:
-    """Anemoi's module on its Triton backend and gtnorm's drop-in (with and without lin_edge fused into the
-    kernels), with one state_dict."""
+    """Anemoi's module on its Triton backend and gtnorm's drop-in (as shipped, and opted in to lin_edge fused into
+    the kernels), with one state_dict."""
     anemoi_classes = {
         "processor": GraphTransformerProcessor,
         "encoder": GraphTransformerForwardMapper,
@@ -106,11 +106,12 @@ def build_modules(spec: ModelSpec, kind: str, norm: str, device: torch.device) -
     anemoi_module = anemoi_classes[kind](**spec.arguments(kind, norm, "triton"))
     modules = {"anemoi": anemoi_module}
     for side in SIDES[1:]:
-        modules[side] = gtnorm_classes[kind](**spec.arguments(kind, norm, "triton"))
+        gtnorm.anemoi.block.FUSE_EDGE_PROJECTION = side == "gtnorm_fused_e"  # read when the blocks are built
+        try:
+            modules[side] = gtnorm_classes[kind](**spec.arguments(kind, norm, "triton"))
+        finally:
+            gtnorm.anemoi.block.FUSE_EDGE_PROJECTION = False
         modules[side].load_state_dict(anemoi_module.state_dict())
-    for block in modules["gtnorm_materialised_e"].modules():
-        if getattr(getattr(block, "conv", None), "lin_edge", None) is not None:
-            block.conv.lin_edge = None  # the block then applies lin_edge itself (gtnorm/anemoi/block.py)
     return {side: module.to(device) for side, module in modules.items()}
 
 

@@ -21,6 +21,10 @@ from gtnorm.nn.conv import GraphTransformerConv
 # they can run (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1) and the PyG path elsewhere, as
 # Anemoi's blocks fall back to PyG without CUDA.
 _BACKENDS = {"triton": "auto", "pyg": "pyg"}
+# Whether blocks built from now on run lin_edge inside the kernels where they can (see _fuses_edge_projection).
+# Off: on an H100 the fused projection's forward+backward measured 5-9x slower than lin_edge + the kernels
+# (benchmarks/NOTES.md, v8); it is exact and tested, and stays opt-in until its kernels are fast.
+FUSE_EDGE_PROJECTION = False
 
 
 class _FusedAttention:
@@ -60,7 +64,8 @@ class _FusedAttention:
         """Whether lin_edge runs inside the kernels: the edge features are lin_edge(raw attributes) alone, and the
         raw attributes reach the attention unchanged (sharding by heads splits the projected features instead)."""
         return (
-            self.graph_attention_backend == "triton"
+            FUSE_EDGE_PROJECTION
+            and self.graph_attention_backend == "triton"
             and isinstance(self.edge_pre_mlp, nn.Identity)
             and isinstance(self.lin_edge, nn.Linear)
             and getattr(self, "shard_strategy", "edges") == "edges"

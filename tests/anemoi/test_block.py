@@ -14,6 +14,7 @@ from anemoi.models.layers import block as anemoi_block  # noqa: E402
 
 import gtnorm.anemoi  # noqa: E402
 import gtnorm.nn.conv  # noqa: E402
+from gtnorm.anemoi import block as gtnorm_block  # noqa: E402
 from tests.anemoi.setups import Case, build_pair, forward, make_inputs, rel_error  # noqa: E402
 from tests.anemoi.test_modules import TOL  # noqa: E402
 
@@ -101,9 +102,10 @@ def test_unknown_backend_is_refused():
     ],
     ids=["processor", "encoder", "decoder", "edge-pre-mlp", "processor-heads", "encoder-heads"],
 )
-def test_lin_edge_fused_where_the_block_projects_raw_attributes(case, fused, device):
-    """lin_edge runs inside the kernels (never applied as a module) exactly where the block has no edge_pre_mlp
-    and shards by edges; state_dict keys stay Anemoi's."""
+def test_lin_edge_fused_where_the_block_projects_raw_attributes(case, fused, device, monkeypatch):
+    """Opted in, lin_edge runs inside the kernels (never applied as a module) exactly where the block has no
+    edge_pre_mlp and shards by edges; state_dict keys stay Anemoi's."""
+    monkeypatch.setattr(gtnorm_block, "FUSE_EDGE_PROJECTION", True)
     anemoi_module, gtnorm_module = build_pair(case, "triton", device)
     assert list(gtnorm_module.state_dict()) == list(anemoi_module.state_dict())
     applied = []
@@ -113,3 +115,8 @@ def test_lin_edge_fused_where_the_block_projects_raw_attributes(case, fused, dev
         block.lin_edge.register_forward_hook(lambda *_: applied.append(1))
     forward(gtnorm_module, case, make_inputs(case, device))
     assert bool(applied) != fused
+
+
+def test_lin_edge_not_fused_by_default(device):
+    _, gtnorm_module = build_pair(Case("processor"), "triton", device)
+    assert all(block.conv.lin_edge is None for block in gtnorm_blocks(gtnorm_module))

@@ -16,10 +16,20 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gtnorm._runtime import interpreter_active
+
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)
+
+# The ranks are CPU processes, so gtnorm's kernels run there through the Triton interpreter, which
+# tests/conftest.py switches on only on machines without CUDA. With CUDA, benchmarks/distributed/run.py makes the
+# same checks on the GPUs (NCCL).
+CPU_RANKS_ONLY = pytest.mark.skipif(
+    not interpreter_active(), reason="gtnorm's kernels on CPU ranks need TRITON_INTERPRET=1 (set without CUDA)"
+)
 
 
 def free_port() -> int:

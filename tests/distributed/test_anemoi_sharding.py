@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("anemoi.models", reason="needs anemoi-models (pip install --no-deps anemoi-models==0.19.0)")
 
 from tests.distributed.anemoi_ranks import TOL, run_anemoi_cases, sharded_cases  # noqa: E402
-from tests.distributed.spawn import run_on_ranks  # noqa: E402
+from tests.distributed.spawn import CPU_RANKS_ONLY, run_on_ranks  # noqa: E402
 
 CASE_NAMES = [item.name for item in sharded_cases()]
 
@@ -24,6 +24,7 @@ def results():
     return run_on_ranks(run_anemoi_cases, CASE_NAMES, world_size=2)
 
 
+@CPU_RANKS_ONLY
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_sharded_step_matches_whole(results, name):
     for rank_results in results:

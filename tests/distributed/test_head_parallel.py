@@ -12,7 +12,7 @@ import torch
 
 from gtnorm.distributed import HeadParallelPlan, balanced_split, head_parallel_attention
 from tests.distributed.head_parallel_ranks import CASES, DISAGREEMENTS, TOL, run_head_parallel_cases
-from tests.distributed.spawn import run_on_ranks
+from tests.distributed.spawn import CPU_RANKS_ONLY, run_on_ranks
 
 
 @pytest.fixture(scope="module")
@@ -20,6 +20,7 @@ def results():
     return run_on_ranks(run_head_parallel_cases, world_size=2)
 
 
+@CPU_RANKS_ONLY
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
 def test_matches_single_process_op(results, case):
     for rank, rank_results in enumerate(results):
@@ -31,6 +32,7 @@ def test_matches_single_process_op(results, case):
         assert outcome["deterministic"] in ((True, None) if not case.check_determinism else (True,)), f"rank {rank}"
 
 
+@CPU_RANKS_ONLY
 @pytest.mark.parametrize("name", list(DISAGREEMENTS))
 def test_disagreeing_ranks_raise_the_same_error(results, name):
     messages = [rank_results["disagreements"][name] for rank_results in results]

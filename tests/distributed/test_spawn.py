@@ -6,16 +6,17 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch.distributed as dist
 from torch.multiprocessing import ProcessRaisedException
 
-from tests.distributed.spawn import run_on_ranks
+from tests.distributed.spawn import COLLECTIVE_TIMEOUT, run_on_ranks
 
 
 def fail_on_rank_1(rank: int, world_size: int) -> None:
     if rank == 1:
         raise ValueError("rank 1 gives up")
-    dist.barrier()  # rank 0 would wait here for rank 1 forever (until the group's 60 s timeout)
+    # Rank 0 waits as long as a collective would for a dead peer (a barrier itself may fail first, when gloo sees
+    # the peer's socket close: then which rank's error arrives first would be a race).
+    time.sleep(COLLECTIVE_TIMEOUT.total_seconds())
 
 
 def test_a_failing_rank_ends_the_run_without_waiting_for_its_peer():
