@@ -9,6 +9,7 @@ schema checks, its autograd wrapper) costs host time on every call that only tra
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 
@@ -418,12 +419,12 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(output[1])
 
 
-def _backward(ctx, grad_out, _grad_lse, backward=torch.ops.gtnorm.graph_attention_backward, **launch):
+def _backward(ctx, grad_out, _grad_lse, backward=torch.ops.gtnorm.graph_attention_backward):
     saved = ctx.saved_tensors  # once: under checkpointing each access unpacks them again
     inputs, lse, layout = saved[:_TENSOR_INPUTS], saved[_TENSOR_INPUTS], saved[_TENSOR_INPUTS + 1 :]
     edge_features_grad = ctx.edge_features_grad
     grads = backward(
-        grad_out, *inputs, lse, *layout, ctx.qk_norm, ctx.eps_q, ctx.eps_k, edge_features_grad, **launch
+        grad_out, *inputs, lse, *layout, ctx.qk_norm, ctx.eps_q, ctx.eps_k, edge_features_grad
     )
     # d edge_features is empty unless asked for: None there, as for absent inputs.
     needed = [t is not None for t in inputs]
@@ -452,7 +453,8 @@ class _EagerGraphAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        return None, *_backward(ctx, grad_out, grad_lse, backward=attention_backward, launch=ctx.launch)
+        backward = functools.partial(attention_backward, launch=ctx.launch)
+        return None, *_backward(ctx, grad_out, grad_lse, backward=backward)
 
 
 def graph_attention(*inputs, launch: AttentionLaunchConfig | None = None) -> tuple[Tensor, Tensor]:

@@ -498,6 +498,12 @@ def test_bad_input_raises_before_launch(case, monkeypatch):
     inputs = {k: v for k, v in leaf_copies(make_inputs(graph, 2, 8, torch.float32), torch.float32, DEVICE).items()}
     kwargs = dict(inputs, layout=layout_of(graph), qk_norm=True)
     change(kwargs)
+    assert_refused_before_launch(kwargs, exc, fragment, monkeypatch)
+
+
+def assert_refused_before_launch(kwargs: dict, exc, fragment: str, monkeypatch) -> None:
+    """The op called with ``kwargs`` (its arguments by name) raises ``exc`` matching ``fragment``, and no kernel
+    has launched by then."""
     launched = []
     monkeypatch.setattr(ops.graph_attention_forward_kernel, "run", lambda *a, **k: launched.append(1))
     with pytest.raises(exc, match=fragment):

@@ -13,10 +13,9 @@ import torch
 import gtnorm
 from gtnorm import _runtime
 from gtnorm.nn.reference import reference_graph_transformer_attention
-from gtnorm.triton import ops
 from tests.conftest import DEVICE, HAS_CUDA
 from tests.graphs import SmallGraph, key_bias_error, make_graph, rel_error
-from tests.triton.test_attention import layout_of, torch_norm
+from tests.triton.test_attention import assert_refused_before_launch, layout_of, torch_norm
 
 EPS = 1e-6
 PARAM_NAMES = ("q_norm_weight", "q_norm_bias", "k_norm_weight", "k_norm_bias")
@@ -394,11 +393,4 @@ def test_bad_input_raises_before_launch(case, monkeypatch):
     kwargs = {k: v for k, v in inputs.items() if k not in PARAM_NAMES}
     kwargs.update(layout=layout_of(graph), edge_attr=None)
     change(kwargs)
-    launched = []
-    monkeypatch.setattr(ops.graph_attention_forward_kernel, "run", lambda *a, **k: launched.append(1))
-    with pytest.raises(exc, match=fragment):
-        gtnorm.graph_transformer_attention(
-            kwargs.pop("query"), kwargs.pop("key"), kwargs.pop("value"), kwargs.pop("edge_attr"),
-            kwargs.pop("layout"), **kwargs,
-        )  # fmt: skip
-    assert not launched
+    assert_refused_before_launch(kwargs, exc, fragment, monkeypatch)
