@@ -8,7 +8,8 @@ beside it says whether it is), for gtnorm's op on a prebuilt layout and Anemoi's
 The op captured in a CUDA graph (torch.cuda.graph) and replayed. The layer: eager, torch.compile'd, and compiled
 with mode="reduce-overhead" (CUDA graphs).
 Calibration rows: an empty Triton kernel and a torch.add launched in a loop (microseconds per launch).
-``--profile``: cProfile of gtnorm's call on the first graph, top functions by own time.
+``--profile``: cProfile of gtnorm's call on the first graph, top functions by own time, then torch.profiler
+tables (host time per op, device time per kernel) of gtnorm's op and Anemoi's kernel on that graph.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 import torch._inductor.config
 import triton
 import triton.language as tl
+from torch.profiler import ProfilerActivity, profile
 
 import gtnorm
 from benchmarks.graphs.catalog import load_graph
@@ -67,13 +69,16 @@ def paths(graph, heads: int, channels: int, device):
     def randn(*shape):
         return torch.randn(*shape, generator=gen, device=device, dtype=dtype).requires_grad_()
 
-    q, k, v = randn(graph.num_dst, heads, channels), randn(graph.num_src, heads, channels), randn(
-        graph.num_src, heads, channels
+    q, k, v = (
+        randn(graph.num_dst, heads, channels),
+        randn(graph.num_src, heads, channels),
+        randn(graph.num_src, heads, channels),
     )
     e = randn(graph.num_edges, heads, channels)
-    w_q, w_k = (torch.ones(channels, device=device) + 0.1 * torch.randn(channels, device=device)).requires_grad_(), (
-        torch.ones(channels, device=device)
-    ).requires_grad_()
+    w_q, w_k = (
+        (torch.ones(channels, device=device) + 0.1 * torch.randn(channels, device=device)).requires_grad_(),
+        (torch.ones(channels, device=device)).requires_grad_(),
+    )
     grad = torch.randn(graph.num_dst, heads, channels, device=device, dtype=dtype)
     edge_index = graph.edge_index.to(device)
     sizes = (graph.num_src, graph.num_dst)
@@ -164,6 +169,23 @@ def main(argv=None) -> None:
         loop_us(fn, leaves, reps=100, trials=1)
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+        found = paths(load_graph(args.graphs[0]), args.heads, 64, device)
+        for path in ("gtnorm_op", "anemoi_kernel"):
+            if path in found:
+                print_torch_profile(path, *found[path])
+
+
+def print_torch_profile(path: str, fn, leaves, reps: int = 20) -> None:
+    """torch.profiler over ``reps`` calls: per op, host time (self CPU) and device time per call."""
+    loop_us(fn, leaves)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for leaf in leaves:
+                leaf.grad = None
+            fn()
+        torch.cuda.synchronize()
+    print(f"\n{path}: torch.profiler over {reps} calls (totals; divide by {reps} for one call)")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,11 @@
 
 For each graph (bf16, H=16, C=64, qk_norm with affine weights unless --no-qk-norm) and each setting, runs
 forward+backward under torch.profiler and prints the mean time of each kernel, its registers per thread and
-spills, how many cp.async copies its PTX holds (software-pipelined loads), and the forward / backward / total
-as % of the HBM floor (bytes that must move ÷ copy bandwidth measured in this run). Settings are overrides of
+spills, how many cp.async copies its PTX holds (software-pipelined loads), the other kernels of the step (torch's
+sums and copies) with the largest of them, and the forward / backward / total as % of the HBM floor (bytes that must
+move ÷ copy bandwidth measured in this run). ``--edge-features D``: the fused edge projection (D fp32 raw attributes
+per edge requiring grad, edge weight and bias) instead of edge features e; its floor is still the one of e (the
+ratio is then against the materialised path's floor). Settings are overrides of
 the plan ``gtnorm.triton.config.attention_launch_config`` returns, written as specs (``parse_setting``) and passed
 to the op as its ``launch`` argument; the defaults live there. This is how the numbers in benchmarks/NOTES.md
 were taken.
@@ -29,6 +32,7 @@ KERNELS = {
     "graph_attention_forward_kernel": "fwd",
     "edge_softmax_backward_by_destination_kernel": "by_dst",
     "edge_softmax_backward_by_source_kernel": "by_src",
+    "edge_weight_grad_kernel": "dW",
 }
 
 
@@ -91,18 +95,21 @@ def record_compiled_kernels() -> dict:
     return compiled
 
 
-def kernel_times(step, repeats: int = 5) -> dict[str, float]:
-    """Mean device time (ms) of each attention kernel over ``repeats`` calls of ``step``."""
+def kernel_times(step, repeats: int = 5) -> tuple[dict[str, float], list[tuple[str, float]]]:
+    """Mean device time (ms) per call of ``step`` (``repeats`` calls) of each attention kernel, and of every other
+    kernel the step launches (name, ms), largest first."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(repeats):
             step()
         torch.cuda.synchronize()
-    times = {}
+    times, others = {}, []
     for event in prof.key_averages():
+        total = event.device_time_total
         if event.key in KERNELS:
-            total = getattr(event, "device_time_total", None) or event.cuda_time_total
-            times[KERNELS[event.key]] = total / event.count / 1e3
-    return times
+            times[KERNELS[event.key]] = total / repeats / 1e3
+        elif total and getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            others.append((event.key, total / repeats / 1e3))
+    return times, sorted(others, key=lambda item: -item[1])
 
 
 @dataclasses.dataclass
@@ -113,9 +120,10 @@ class AttentionProblem:
     inputs: list  # q [N_dst, H, C], k, v [N_src, H, C], e [M, H, C], leaves
     weights: list  # q and k norm weights [C], leaves
     grad_out: torch.Tensor  # [N_dst, H, C]
+    projection: dict = dataclasses.field(default_factory=dict)  # edge_features [M, D], edge_weight, edge_bias
 
     @classmethod
-    def on_graph(cls, graph, heads: int, channels: int, dtype=torch.bfloat16) -> AttentionProblem:
+    def on_graph(cls, graph, heads: int, channels: int, dtype=torch.bfloat16, edge_dim: int = 0) -> AttentionProblem:
         layout = gtnorm.GraphLayout.from_edge_index(graph.edge_index.cuda(), (graph.num_src, graph.num_dst))
         inputs = [
             torch.randn(n, heads, channels, device="cuda", dtype=dtype).requires_grad_()
@@ -123,14 +131,24 @@ class AttentionProblem:
         ]
         weights = [(1 + 0.1 * torch.randn(channels, device="cuda")).to(dtype).requires_grad_() for _ in range(2)]
         grad_out = torch.randn(graph.num_dst, heads, channels, device="cuda", dtype=dtype)
-        return cls(layout, inputs, weights, grad_out)
+        projection = {}
+        if edge_dim:  # e from raw attributes inside the kernels, in place of the e rows
+            inputs[3] = None
+            projection = dict(
+                edge_features=torch.randn(graph.num_edges, edge_dim, device="cuda").requires_grad_(),
+                edge_weight=(torch.randn(edge_dim, heads * channels, device="cuda") / edge_dim**0.5).requires_grad_(),
+                edge_bias=torch.randn(heads * channels, device="cuda").requires_grad_(),
+            )
+        return cls(layout, inputs, weights, grad_out, projection)
 
     def forward_backward(self, qk_norm: bool, launch=None) -> None:
         """One forward+backward, leaf grads reset first (qk_norm: with both affine weights; launch: the plan)."""
-        for t in (*self.inputs, *self.weights):
-            t.grad = None
+        for t in (*self.inputs, *self.weights, *self.projection.values()):
+            if t is not None:
+                t.grad = None
         norm = dict(qk_norm=True, q_norm_weight=self.weights[0], k_norm_weight=self.weights[1]) if qk_norm else {}
-        gtnorm.graph_transformer_attention(*self.inputs, self.layout, **norm, launch=launch).backward(self.grad_out)
+        out = gtnorm.graph_transformer_attention(*self.inputs, self.layout, **norm, **self.projection, launch=launch)
+        out.backward(self.grad_out)
 
 
 def main() -> None:
@@ -140,6 +158,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--channels", type=int, default=64)
     parser.add_argument("--no-qk-norm", action="store_true", help="the same kernels with qk_norm off")
+    parser.add_argument("--edge-features", type=int, default=0, help="D: the fused edge projection (0: e rows)")
     args = parser.parse_args()
     heads, channels, dtype = args.heads, args.channels, torch.bfloat16
     bandwidth = copy_bandwidth()
@@ -147,7 +166,7 @@ def main() -> None:
     compiled = record_compiled_kernels()
     for name in args.graphs:
         graph = load_graph(name)
-        problem = AttentionProblem.on_graph(graph, heads, channels, dtype)
+        problem = AttentionProblem.on_graph(graph, heads, channels, dtype, args.edge_features)
         fwd_bytes, bwd_bytes = floor_bytes(
             graph.num_src, graph.num_dst, graph.num_edges, heads * channels * dtype.itemsize,
             problem.layout.index_bytes(),
@@ -164,13 +183,17 @@ def main() -> None:
             except Exception as error:  # a setting the compiler rejects: report it, go on with the others
                 print(f"{name:14s} {setting}: failed: {str(error).strip().splitlines()[-1]}", flush=True)
                 continue
-            times = kernel_times(step)
-            fwd, bwd = times["fwd"], times["by_dst"] + times["by_src"]
+            times, others = kernel_times(step)
+            fwd = times["fwd"]
+            bwd = sum(times.get(short, 0.0) for short in ("by_dst", "by_src", "dW")) + sum(ms for _, ms in others)
             regs = " ".join(
                 f"{short} {times[short]:.3f} ms (r{compiled[k].n_regs}, s{compiled[k].n_spills},"
                 f" a{compiled[k].asm['ptx'].count('cp.async.ca') + compiled[k].asm['ptx'].count('cp.async.cg')})"
                 for k, short in KERNELS.items()
+                if short in times
             )
+            largest = f"{others[0][0][:40]} {others[0][1]:.3f} ms" if others else "-"
+            regs += f" other {sum(ms for _, ms in others):.3f} ms (largest: {largest})"
             print(
                 f"{name:14s} {setting:10s} {regs} | floor: fwd {100 * fwd_bytes / bandwidth / (fwd * 1e-3):.0f}%"
                 f" bwd {100 * bwd_bytes / bandwidth / (bwd * 1e-3):.0f}%"

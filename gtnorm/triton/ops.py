@@ -106,16 +106,18 @@ def attention_forward(
     return out, lse
 
 
-def _op_schema(fn) -> str:
+def _op_schema(fn, outputs: int | None = None) -> str:
     """``fn``'s schema without its ``launch`` argument: a plan is a Python object, which an op cannot take, so
-    the custom ops (what torch.compile traces) always run the default plan."""
+    the custom ops (what torch.compile traces) always run the default plan. ``outputs``: the op returns that many
+    tensors (where fn may return None for some)."""
     signature = inspect.signature(fn)
 
     def prototype():  # defined here, so fn's string annotations resolve in this module's namespace
         pass
 
     kept = [p for name, p in signature.parameters.items() if name != "launch"]
-    prototype.__signature__ = signature.replace(parameters=kept)
+    returns = signature.return_annotation if outputs is None else tuple[(Tensor,) * outputs]
+    prototype.__signature__ = signature.replace(parameters=kept, return_annotation=returns)
     return torch.library.infer_schema(prototype, mutates_args=())
 
 
@@ -159,10 +161,11 @@ def attention_backward(
     eps_k: float,
     edge_features_grad: bool,  # whether to compute d edge_features
     launch: AttentionLaunchConfig | None = None,  # None: attention_launch_config(H, C)
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor | None, ...]:
     """Returns (dq, dk, dv, d_edge_attr, d_edge_features, d_edge_weight, d_edge_bias, d_q_norm_weight,
-    d_q_norm_bias, d_k_norm_weight, d_k_norm_bias), each in its input's dtype (contiguous); absent inputs (and
-    edge_features without edge_features_grad) get empty fp32 grads."""
+    d_q_norm_bias, d_k_norm_weight, d_k_norm_bias), each in its input's dtype (contiguous); None for absent inputs
+    (and for edge_features without edge_features_grad). The custom op returns empty fp32 tensors there instead
+    (an op's outputs are tensors); the eager path makes none: every allocation costs host time per call."""
     num_dst, num_heads, head_dim = query.shape
     num_src = key.shape[0]
     num_edges = csc_src.numel()
@@ -172,8 +175,7 @@ def attention_backward(
     grad_key = new_output(key.shape, key.dtype, device)
     grad_value = new_output(value.shape, value.dtype, device)
     has_edge_attr = edge_attr is not None
-    edge_shape, edge_dtype = (edge_attr.shape, edge_attr.dtype) if has_edge_attr else ((0,), query.dtype)
-    grad_edge_attr = new_output(edge_shape, edge_dtype, device)
+    grad_edge_attr = new_output(edge_attr.shape, edge_attr.dtype, device) if has_edge_attr else None
     attn = new_output((num_edges, num_heads), torch.float32, device)
     grad_attn = new_output((num_edges, num_heads), torch.float32, device)
     delta = new_output((num_dst, num_heads), torch.float32, device)
@@ -182,9 +184,10 @@ def attention_backward(
     edge_dim = edge_features.shape[1] if edge_proj else 0
     extended_dim = edge_dim + (edge_bias is not None)
     # Per destination: sum a x and sum dS x / sqrt(C) over its edges, for the edge weights' gradient; and the
-    # projections of q' and dO onto the weights, for d edge_features (backward_kernels.py).
-    feature_sums = new_output((num_dst if edge_proj else 0, 2, num_heads, extended_dim), torch.float32, device)
-    node_proj = new_output((num_dst if edge_features_grad else 0, 2, num_heads, edge_dim), torch.float32, device)
+    # projections of q' and dO onto the weights, for d edge_features (backward_kernels.py). Scratch that a call
+    # does not use is not allocated: the kernels get another fp32 tensor's pointer there, never read (_or).
+    feature_sums = new_output((num_dst, 2, num_heads, extended_dim), torch.float32, device) if edge_proj else None
+    node_proj = new_output((num_dst, 2, num_heads, edge_dim), torch.float32, device) if edge_features_grad else None
 
     launch = launch or attention_launch_config(num_heads, head_dim)
     by_dst, by_src = launch.by_destination, launch.by_source
@@ -201,8 +204,8 @@ def attention_backward(
     q_partial_width, k_partial_width = len(q_params) * head_dim, len(k_params) * head_dim
     q_partial = new_output((dst_programs * by_dst.head_groups, q_partial_width), torch.float32, device)
     k_partial = new_output((src_programs * by_src.head_groups, k_partial_width), torch.float32, device)
-    grad_features_partial = new_output(
-        (by_src.head_groups if edge_features_grad else 0, num_edges, edge_dim), torch.float32, device
+    grad_features_partial = (
+        new_output((by_src.head_groups, num_edges, edge_dim), torch.float32, device) if edge_features_grad else None
     )
     flags = dict(
         HAS_EDGE_ATTR=has_edge_attr,
@@ -224,7 +227,7 @@ def attention_backward(
                 q_weight, q_bias, k_weight, k_bias,
                 dst_offsets, csc_dst, csc_src, csc_edge_id,
                 grad_out, lse,
-                grad_query, attn, grad_attn, delta, feature_sums, node_proj, q_partial, q_partial_width,
+                grad_query, attn, grad_attn, delta, *_or(attn, feature_sums, node_proj), q_partial, q_partial_width,
                 dst_slots, dst_per_program, num_heads, head_dim, LOG2E * sm_scale, sm_scale, eps_q, eps_k,
                 EDGE_FEATURES_GRAD=edge_features_grad, **edge_projection_flags,
                 BLOCK_H=by_dst.block_h, NUM_STAGES=by_dst.num_stages, num_warps=by_dst.num_warps,
@@ -234,8 +237,8 @@ def attention_backward(
             edge_softmax_backward_by_source_kernel[(src_programs, by_src.head_groups)](
                 query, key, q_weight, q_bias, k_weight,
                 src_offsets, csr_src, csr_dst, csr_edge_id,
-                grad_out, attn, grad_attn, delta, node_proj,
-                grad_key, grad_value, grad_edge_attr if has_edge_attr else query, grad_features_partial,
+                grad_out, attn, grad_attn, delta, *_or(attn, node_proj),
+                grad_key, grad_value, grad_edge_attr if has_edge_attr else query, *_or(attn, grad_features_partial),
                 k_partial, k_partial_width,
                 src_slots, src_per_program, num_edges, num_heads, head_dim, sm_scale, eps_q, eps_k,
                 EDGE_DIM=edge_dim if edge_features_grad else 0, EDGE_FEATURES_GRAD=edge_features_grad,
@@ -246,7 +249,7 @@ def attention_backward(
         grad_q_weight, grad_q_bias = _param_grads(q_norm_weight, q_norm_bias, q_partial, normed, device)
         grad_k_weight, _ = _param_grads(k_norm_weight, None, k_partial, normed, device)
         _, grad_k_bias = _param_grads(None, k_norm_bias, k_partial, False, device)  # exactly 0 (_norm_flags)
-        grad_edge_features = _edge_features_grad(edge_features, grad_features_partial, edge_features_grad, device)
+        grad_edge_features = _edge_features_grad(edge_features, grad_features_partial)
         grad_edge_weight, grad_edge_bias = _edge_weight_grads(
             edge_weight, edge_bias, feature_sums, query, grad_out, q_norm_weight, q_norm_bias, qk_norm, eps_q
         )
@@ -273,10 +276,11 @@ def _edge_projection_flags(edge_features: Tensor | None, edge_bias: Tensor | Non
     )
 
 
-def _edge_features_grad(edge_features: Tensor | None, partial: Tensor, computed: bool, device) -> Tensor:
-    """d edge_features [M, D] from the by-source pass's per-head-group rows [groups, M, D] (fixed-order sum)."""
-    if not computed:
-        return torch.empty(0, dtype=torch.float32, device=device)
+def _edge_features_grad(edge_features: Tensor | None, partial: Tensor | None) -> Tensor | None:
+    """d edge_features [M, D] from the by-source pass's per-head-group rows [groups, M, D] (fixed-order sum); None
+    where it was not computed."""
+    if partial is None:
+        return None
     grad = partial[0] if partial.shape[0] == 1 else partial.sum(dim=0)
     return grad.to(edge_features.dtype, copy=True)
 
@@ -291,13 +295,10 @@ def _edge_weight_grads(
     q_norm_bias: Tensor | None,
     qk_norm: str,
     eps_q: float,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor | None, Tensor | None]:
     """(d edge_weight [D, H * C], d edge_bias [H * C]) from the by-destination pass's per-destination sums."""
-    def empty() -> Tensor:  # a new one each time: outputs of an op may not alias each other
-        return torch.empty(0, dtype=torch.float32, device=query.device)
-
     if edge_weight is None:
-        return empty(), empty()
+        return None, None
     num_dst, num_heads, head_dim = query.shape
     extended_dim = feature_sums.shape[3]
     block_n = _EDGE_WEIGHT_GRAD_BLOCK_N
@@ -315,7 +316,7 @@ def _edge_weight_grads(
     )  # fmt: skip
     sums = partial.sum(dim=0)  # [D + bias, H * C], over the programs in a fixed order
     grad_weight = sums[: edge_weight.shape[0]].to(edge_weight.dtype, copy=True)
-    grad_bias = sums[edge_weight.shape[0]].to(edge_bias.dtype, copy=True) if edge_bias is not None else empty()
+    grad_bias = sums[edge_weight.shape[0]].to(edge_bias.dtype, copy=True) if edge_bias is not None else None
     return grad_weight, grad_bias
 
 
@@ -347,15 +348,20 @@ def _zero_rows(tensors: tuple[Tensor, ...], rows: Tensor) -> None:
 
 
 def _param_grads(weight: Tensor | None, bias: Tensor | None, partial: Tensor, computed: bool, device):
-    """(d weight, d bias) from the [weight | bias] partial rows: one column sum for both."""
-    launch = column_sum_launch(partial.shape[0], partial.shape[1], device)
-    sums = column_sum(partial, launch) if computed and partial.shape[1] else None
+    """(d weight, d bias) from the [weight | bias] partial rows: one column sum for both; None for an absent one."""
+    if weight is None and bias is None:
+        return None, None
+    sums = None
+    if computed and partial.shape[1]:
+        sums = column_sum(partial, column_sum_launch(partial.shape[0], partial.shape[1], device))
+    if sums is None:  # the parameters exist but took no part (qk_norm off, or the key bias): exactly 0
+        return tuple(torch.zeros_like(p) if p is not None else None for p in (weight, bias))
+    if bias is None and weight.dtype == torch.float32:
+        return sums, None  # already the gradient: fresh, [C], float32
     grads, column = [], 0
     for param in (weight, bias):
         if param is None:
-            grads.append(torch.empty(0, dtype=torch.float32, device=device))
-        elif sums is None:  # the parameter exists but qk_norm is off: it took no part
-            grads.append(torch.zeros_like(param))
+            grads.append(None)
         else:
             grads.append(sums[column : column + param.shape[0]].to(param.dtype, copy=True))  # no aliasing views
             column += param.shape[0]
@@ -376,9 +382,25 @@ def column_sum(
     return rows.sum(dim=0)
 
 
+_LAYOUT_ARGS = 11  # GraphLayout.tensors()
+# query, key, value, edge_attr, edge_features, edge_weight, edge_bias, q_norm_weight, q_norm_bias, k_norm_weight,
+# k_norm_bias: the op's differentiable inputs, in its argument order.
+_TENSOR_INPUTS = 11
+_EDGE_FEATURES_INPUT = 4
+_NORM_PARAMS = 4
+
+
+def _attention_backward_op(*args, **kwargs) -> tuple[Tensor, ...]:
+    """attention_backward with an empty fp32 tensor for every absent gradient, as an op must return tensors (each
+    its own: outputs may not alias)."""
+    grads = attention_backward(*args, **kwargs)
+    device = grads[0].device
+    return tuple(g if g is not None else torch.empty(0, dtype=torch.float32, device=device) for g in grads)
+
+
 graph_attention_backward = torch.library.custom_op(
-    "gtnorm::graph_attention_backward", mutates_args=(), schema=_op_schema(attention_backward)
-)(attention_backward)
+    "gtnorm::graph_attention_backward", mutates_args=(), schema=_op_schema(attention_backward, outputs=_TENSOR_INPUTS)
+)(_attention_backward_op)
 
 
 @graph_attention_backward.register_fake
@@ -387,26 +409,17 @@ def _(grad_out, query, key, value, edge_attr, edge_features, edge_weight, edge_b
         empty = query.new_empty((0,), dtype=torch.float32)
         return t.new_empty(t.shape) if t is not None else empty  # contiguous, as the real grads
 
-    grad_edge_attr = torch.empty_like(edge_attr) if edge_attr is not None else query.new_empty((0,))
     norm_params, edge_features_grad = rest[:_NORM_PARAMS], rest[-1]
     return (
         torch.empty_like(query),
         torch.empty_like(key),
         torch.empty_like(value),
-        grad_edge_attr,
+        grad_or_empty(edge_attr),
         grad_or_empty(edge_features if edge_features_grad else None),
         grad_or_empty(edge_weight),
         grad_or_empty(edge_bias),
         *(grad_or_empty(p) for p in norm_params),
     )
-
-
-_LAYOUT_ARGS = 11  # GraphLayout.tensors()
-# query, key, value, edge_attr, edge_features, edge_weight, edge_bias, q_norm_weight, q_norm_bias, k_norm_weight,
-# k_norm_bias: the op's differentiable inputs, in its argument order.
-_TENSOR_INPUTS = 11
-_EDGE_FEATURES_INPUT = 4
-_NORM_PARAMS = 4
 
 
 def _setup_context(ctx, inputs, output):
@@ -423,9 +436,7 @@ def _backward(ctx, grad_out, _grad_lse, backward=torch.ops.gtnorm.graph_attentio
     saved = ctx.saved_tensors  # once: under checkpointing each access unpacks them again
     inputs, lse, layout = saved[:_TENSOR_INPUTS], saved[_TENSOR_INPUTS], saved[_TENSOR_INPUTS + 1 :]
     edge_features_grad = ctx.edge_features_grad
-    grads = backward(
-        grad_out, *inputs, lse, *layout, ctx.qk_norm, ctx.eps_q, ctx.eps_k, edge_features_grad
-    )
+    grads = backward(grad_out, *inputs, lse, *layout, ctx.qk_norm, ctx.eps_q, ctx.eps_k, edge_features_grad)
     # d edge_features is empty unless asked for: None there, as for absent inputs.
     needed = [t is not None for t in inputs]
     needed[_EDGE_FEATURES_INPUT] = edge_features_grad
@@ -449,6 +460,8 @@ class _EagerGraphAttention(torch.autograd.Function):
         output = attention_forward(*inputs, launch=launch)
         _setup_context(ctx, inputs, output)
         ctx.launch = launch
+        # lse takes no gradient: without this autograd would allocate and zero-fill one for it at every backward.
+        ctx.set_materialize_grads(False)
         return output
 
     @staticmethod
