@@ -173,7 +173,8 @@ def main() -> None:
         )  # fmt: skip
 
         for setting in args.settings:
-            launch = parse_setting(setting)(launch_config.attention_launch_config(heads, channels), heads)
+            default = launch_config.attention_launch_config(heads, channels, args.edge_features > 0)
+            launch = parse_setting(setting)(default, heads)
 
             def step(problem=problem, launch=launch):
                 problem.forward_backward(qk_norm=not args.no_qk_norm, launch=launch)

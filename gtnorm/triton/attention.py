@@ -66,7 +66,8 @@ def graph_transformer_attention(
     all three; the gradient of edge_features is computed only when it requires grad. Weight and bias gradients
     are sums over all edges in a fixed order (bitwise reproducible).
 
-    ``launch`` is the kernels' launch plan; None takes ``gtnorm.triton.config.attention_launch_config(H, C)``.
+    ``launch`` is the kernels' launch plan; None takes ``gtnorm.triton.config.attention_launch_config(H, C,
+    edge_features is not None)``.
     Sweeps and tests pass their own; under torch.compile only the default can run.
 
     Shapes:

@@ -29,6 +29,10 @@ _BACKWARD_EDGES_PER_PROGRAM = 16
 # The by-destination pass holds the most state; capped at 160 registers, 12 rather than 11 one-warp programs
 # fit an SM (65536 registers), which paid more than the compiler's own choice (185, no spills either way).
 _BY_DESTINATION_MAX_REGISTERS = 160
+# With the fused edge projection that pass carries four more [heads, D] tiles and sweeps W's rows per node: under
+# the cap it spilled (304 spill stores, 3-4x slower); half the heads per program and the compiler's own register
+# count measured best (benchmarks/NOTES.md, v9).
+_BY_DESTINATION_PROJECTION_ROW_SLICE = 256
 # The forward pipelines its per-node edge loop only where nodes have many edges (encoders, ~16): on the
 # decoder's 3-edge nodes the pipeline's fill cost more than it hid (NOTES.md, v2).
 _FORWARD_PIPELINE_MIN_DEGREE = 8.0
@@ -88,10 +92,14 @@ def _launch(num_heads: int, block_c: int, row_slice: int, num_warps: int, num_st
 
 
 @functools.cache
-def attention_launch_config(num_heads: int, head_dim: int) -> AttentionLaunchConfig:
-    """Launch settings for H heads of C channels (cached: it runs on every call's host path)."""
+def attention_launch_config(num_heads: int, head_dim: int, edge_projection: bool = False) -> AttentionLaunchConfig:
+    """Launch settings for H heads of C channels, and for the fused edge projection (edge features from raw
+    attributes inside the kernels) where ``edge_projection`` (cached: it runs on every call's host path)."""
     block_c = next_power_of_2(head_dim)
     per_program = _BACKWARD_EDGES_PER_PROGRAM
+    by_destination = dict(row_slice=_BY_DESTINATION_ROW_SLICE, max_registers=_BY_DESTINATION_MAX_REGISTERS)
+    if edge_projection:
+        by_destination = dict(row_slice=_BY_DESTINATION_PROJECTION_ROW_SLICE, max_registers=0)
     return AttentionLaunchConfig(
         block_c=block_c,
         forward=_launch(
@@ -99,8 +107,7 @@ def attention_launch_config(num_heads: int, head_dim: int) -> AttentionLaunchCon
             num_stages=3 if num_heads * head_dim >= _FORWARD_PIPELINE_MIN_ROW else 1,
         ),
         by_destination=_launch(
-            num_heads, block_c, _BY_DESTINATION_ROW_SLICE, num_warps=1, num_stages=3, edges_per_program=per_program,
-            max_registers=_BY_DESTINATION_MAX_REGISTERS,
+            num_heads, block_c, num_warps=1, num_stages=3, edges_per_program=per_program, **by_destination
         ),
         by_source=_launch(
             num_heads, block_c, _BY_SOURCE_ROW_SLICE, num_warps=2, num_stages=4, edges_per_program=per_program

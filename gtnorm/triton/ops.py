@@ -70,7 +70,7 @@ def attention_forward(
     qk_norm: str,  # "none", "rms" or "layer"
     eps_q: float,
     eps_k: float,
-    launch: AttentionLaunchConfig | None = None,  # None: attention_launch_config(H, C)
+    launch: AttentionLaunchConfig | None = None,  # None: attention_launch_config(H, C, edge projection?)
 ) -> tuple[Tensor, Tensor]:
     """Returns (out [N_dst, H, C] in query's dtype, lse [N_dst, H] fp32 log2-sum-exp2 of the scores)."""
     num_dst, num_heads, head_dim = query.shape
@@ -78,7 +78,7 @@ def attention_forward(
     lse = new_output((num_dst, num_heads), torch.float32, query.device)
     if num_dst == 0:
         return out, lse
-    launch = launch or attention_launch_config(num_heads, head_dim)
+    launch = launch or attention_launch_config(num_heads, head_dim, edge_features is not None)
     fwd = launch.forward
     busy_slots = num_dst - dst_without_edges.numel()  # slots with edges come first
     mean_in_degree = csc_src.numel() / max(busy_slots, 1)
@@ -160,7 +160,7 @@ def attention_backward(
     eps_q: float,
     eps_k: float,
     edge_features_grad: bool,  # whether to compute d edge_features
-    launch: AttentionLaunchConfig | None = None,  # None: attention_launch_config(H, C)
+    launch: AttentionLaunchConfig | None = None,  # None: attention_launch_config(H, C, edge projection?)
 ) -> tuple[Tensor | None, ...]:
     """Returns (dq, dk, dv, d_edge_attr, d_edge_features, d_edge_weight, d_edge_bias, d_q_norm_weight,
     d_q_norm_bias, d_k_norm_weight, d_k_norm_bias), each in its input's dtype (contiguous); None for absent inputs
@@ -189,7 +189,7 @@ def attention_backward(
     feature_sums = new_output((num_dst, 2, num_heads, extended_dim), torch.float32, device) if edge_proj else None
     node_proj = new_output((num_dst, 2, num_heads, edge_dim), torch.float32, device) if edge_features_grad else None
 
-    launch = launch or attention_launch_config(num_heads, head_dim)
+    launch = launch or attention_launch_config(num_heads, head_dim, edge_features is not None)
     by_dst, by_src = launch.by_destination, launch.by_source
     dst_slots = num_dst - dst_without_edges.numel()  # slots with edges come first
     src_slots = num_src - src_without_edges.numel()
