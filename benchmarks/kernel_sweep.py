@@ -141,12 +141,13 @@ class AttentionProblem:
             )
         return cls(layout, inputs, weights, grad_out, projection)
 
-    def forward_backward(self, qk_norm: bool, launch=None) -> None:
-        """One forward+backward, leaf grads reset first (qk_norm: with both affine weights; launch: the plan)."""
+    def forward_backward(self, qk_norm: bool | str, launch=None) -> None:
+        """One forward+backward, leaf grads reset first (qk_norm: False, True or "layer", with both affine weights;
+        launch: the plan)."""
         for t in (*self.inputs, *self.weights, *self.projection.values()):
             if t is not None:
                 t.grad = None
-        norm = dict(qk_norm=True, q_norm_weight=self.weights[0], k_norm_weight=self.weights[1]) if qk_norm else {}
+        norm = dict(qk_norm=qk_norm, q_norm_weight=self.weights[0], k_norm_weight=self.weights[1]) if qk_norm else {}
         out = gtnorm.graph_transformer_attention(*self.inputs, self.layout, **norm, **self.projection, launch=launch)
         out.backward(self.grad_out)
 
@@ -158,6 +159,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--channels", type=int, default=64)
     parser.add_argument("--no-qk-norm", action="store_true", help="the same kernels with qk_norm off")
+    parser.add_argument("--layer-norm", action="store_true", help="LayerNorm (weights only) instead of RMSNorm")
     parser.add_argument("--edge-features", type=int, default=0, help="D: the fused edge projection (0: e rows)")
     args = parser.parse_args()
     heads, channels, dtype = args.heads, args.channels, torch.bfloat16
@@ -177,7 +179,8 @@ def main() -> None:
             launch = parse_setting(setting)(default, heads)
 
             def step(problem=problem, launch=launch):
-                problem.forward_backward(qk_norm=not args.no_qk_norm, launch=launch)
+                qk_norm = False if args.no_qk_norm else "layer" if args.layer_norm else True
+                problem.forward_backward(qk_norm=qk_norm, launch=launch)
 
             try:
                 step()

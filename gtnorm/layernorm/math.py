@@ -14,19 +14,18 @@ FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
-def layer_norm_stats(x, n_cols, eps, AXIS: tl.constexpr):
-    """(mean, rstd) of x along AXIS, each kept as a size-1 axis so it broadcasts against x. Padding lanes of x
-    must hold 0.
+def layer_norm_stats(x, mask, n_cols, eps, AXIS: tl.constexpr):
+    """(mean, rstd) of x along AXIS, each kept as a size-1 axis so it broadcasts against x; ``mask`` marks the real
+    lanes (padding lanes of x must hold 0).
 
-    One pass: the sum and the sum of squares reduce independently, var = E[x^2] - mean^2 (the kernels normalise
-    a gathered row at every edge step, and a second reduction that waits for the mean lengthens each step,
-    benchmarks/NOTES.md v7). In fp32 the variance then carries a relative error of a few ulp times
-    (1 + mean^2 / var): ~3e-5 at mean = 10 std, tested in tests/layernorm/test_math.py. Clamped at 0, so that
-    rounding cannot make it negative.
+    Two passes: the mean, then the variance of the centred row. The one-pass form (var = E[x^2] - mean^2, which
+    lets both sums reduce at once) was 3-4 % faster forward+backward but lost a few fp32 ulp times mean^2 / var:
+    on the GPU the q and k gradients of fp32 runs came out ~10x further from float64 than the PyG path's (up to
+    1.5e-5 relative against 4e-7, benchmarks/NOTES.md v9), so the dependent reduction stays.
     """
     mean = tl.sum(x, axis=AXIS, keep_dims=True) / n_cols
-    mean_sq = tl.sum(x * x, axis=AXIS, keep_dims=True) / n_cols
-    var = tl.maximum(mean_sq - mean * mean, 0.0)
+    centred = tl.where(mask, x - mean, 0.0)
+    var = tl.sum(centred * centred, axis=AXIS, keep_dims=True) / n_cols
     # Finite even for an all-zero row with eps = 0 (a padding head): it then normalises to 0, not to 0 * inf.
     return mean, tl.minimum(tl.rsqrt(var + eps), FLOAT32_MAX)
 

@@ -87,7 +87,7 @@ def norm_stats(x, mask, C, eps, NORM: tl.constexpr):
     """(mean, rstd) of every head of a [..., BLOCK_H, BLOCK_C] tile, each [..., BLOCK_H, 1]; mean is 0 for
     RMSNorm. Padding lanes of x must hold 0."""
     if NORM == NORM_LAYER:
-        mean, rstd = layer_norm_stats(x, C, eps, len(x.shape) - 1)
+        mean, rstd = layer_norm_stats(x, mask, C, eps, len(x.shape) - 1)
     else:
         rstd = rms_norm_rstd(x, C, eps, len(x.shape) - 1)
         mean = tl.zeros_like(rstd)
