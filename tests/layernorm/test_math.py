@@ -2,8 +2,8 @@
 against their spread.
 
 layer_norm_stats takes two passes (the mean, then the variance of the centred row), so its relative error stays a
-few fp32 ulp where a one-pass E[x^2] - mean^2 would lose ulp times mean^2 / var. It is run through a small kernel on fp32 rows of C = 64 (Anemoi's head size) and compared with float64 statistics of
-the same fp32 values.
+few fp32 ulp where a one-pass E[x^2] - mean^2 would lose ulp times mean^2 / var. It is run through a small kernel
+on fp32 rows and compared with float64 statistics of the same fp32 values.
 """
 
 from __future__ import annotations
