@@ -49,9 +49,10 @@ NORMS = {
     },
 }
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-# "gtnorm_fused_e": gtnorm's drop-in opted in to running lin_edge inside the kernels (the edge features [M, H, C]
-# never formed; gtnorm/anemoi/block.py FUSE_EDGE_PROJECTION), to show what that does inside the blocks.
-SIDES = ("anemoi", "gtnorm", "gtnorm_fused_e")
+# "gtnorm": the drop-in as shipped, lin_edge inside the kernels where the block allows it (the edge features
+# [M, H, C] never formed); "gtnorm_materialised_e": the same with gtnorm/anemoi/block.py FUSE_EDGE_PROJECTION off,
+# lin_edge applied as a module, to show what the fusion does inside the blocks.
+SIDES = ("anemoi", "gtnorm", "gtnorm_materialised_e")
 
 
 @dataclass(frozen=True)
@@ -106,11 +107,12 @@ def build_modules(spec: ModelSpec, kind: str, norm: str, device: torch.device) -
     anemoi_module = anemoi_classes[kind](**spec.arguments(kind, norm, "triton"))
     modules = {"anemoi": anemoi_module}
     for side in SIDES[1:]:
-        gtnorm.anemoi.block.FUSE_EDGE_PROJECTION = side == "gtnorm_fused_e"  # read when the blocks are built
+        shipped = gtnorm.anemoi.block.FUSE_EDGE_PROJECTION
+        gtnorm.anemoi.block.FUSE_EDGE_PROJECTION = side != "gtnorm_materialised_e"  # read when the blocks are built
         try:
             modules[side] = gtnorm_classes[kind](**spec.arguments(kind, norm, "triton"))
         finally:
-            gtnorm.anemoi.block.FUSE_EDGE_PROJECTION = False
+            gtnorm.anemoi.block.FUSE_EDGE_PROJECTION = shipped
         modules[side].load_state_dict(anemoi_module.state_dict())
     return {side: module.to(device) for side, module in modules.items()}
 

@@ -22,9 +22,11 @@ from gtnorm.nn.conv import GraphTransformerConv
 # Anemoi's blocks fall back to PyG without CUDA.
 _BACKENDS = {"triton": "auto", "pyg": "pyg"}
 # Whether blocks built from now on run lin_edge inside the kernels where they can (see _fuses_edge_projection).
-# Off: on an H100 the fused projection's forward+backward measured 5-9x slower than lin_edge + the kernels
-# (benchmarks/NOTES.md, v8); it is exact and tested, and stays opt-in until its kernels are fast.
-FUSE_EDGE_PROJECTION = False
+# On: inside Anemoi's blocks on an H100 it made the training step 3-8 % faster than with lin_edge materialised on
+# the level-6 processor and the O320 encoder (1-4 % slower on the decoder, whose nodes have 3 edges) and took 10-25 %
+# less extra memory everywhere (benchmarks/NOTES.md, v9). Set it to False before building a model to materialise
+# the edge features instead.
+FUSE_EDGE_PROJECTION = True
 
 
 class _FusedAttention:

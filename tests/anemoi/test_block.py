@@ -103,9 +103,8 @@ def test_unknown_backend_is_refused():
     ids=["processor", "encoder", "decoder", "edge-pre-mlp", "processor-heads", "encoder-heads"],
 )
 def test_lin_edge_fused_where_the_block_projects_raw_attributes(case, fused, device, monkeypatch):
-    """Opted in, lin_edge runs inside the kernels (never applied as a module) exactly where the block has no
+    """By default lin_edge runs inside the kernels (never applied as a module) exactly where the block has no
     edge_pre_mlp and shards by edges; state_dict keys stay Anemoi's."""
-    monkeypatch.setattr(gtnorm_block, "FUSE_EDGE_PROJECTION", True)
     anemoi_module, gtnorm_module = build_pair(case, "triton", device)
     assert list(gtnorm_module.state_dict()) == list(anemoi_module.state_dict())
     applied = []
@@ -117,6 +116,7 @@ def test_lin_edge_fused_where_the_block_projects_raw_attributes(case, fused, dev
     assert bool(applied) != fused
 
 
-def test_lin_edge_not_fused_by_default(device):
+def test_lin_edge_materialised_when_switched_off(device, monkeypatch):
+    monkeypatch.setattr(gtnorm_block, "FUSE_EDGE_PROJECTION", False)
     _, gtnorm_module = build_pair(Case("processor"), "triton", device)
     assert all(block.conv.lin_edge is None for block in gtnorm_blocks(gtnorm_module))
