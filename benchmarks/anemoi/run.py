@@ -91,8 +91,8 @@ class ModelSpec:
 
 
 def build_modules(spec: ModelSpec, kind: str, norm: str, device: torch.device) -> dict[str, torch.nn.Module]:
-    """Anemoi's module on its Triton backend and gtnorm's drop-in (as shipped, and opted in to lin_edge fused into
-    the kernels), with one state_dict."""
+    """Anemoi's module on its Triton backend and gtnorm's drop-in (as shipped, and with lin_edge materialised:
+    FUSE_EDGE_PROJECTION off), with one state_dict."""
     anemoi_classes = {
         "processor": GraphTransformerProcessor,
         "encoder": GraphTransformerForwardMapper,
