@@ -162,14 +162,14 @@ def main(argv=None) -> None:
             print(f"{name:14s} {path:18s} loop {loop_us(fn, leaves):8.1f} us/call   gpu {gpu_us(fn, leaves):8.1f} us",
                   flush=True)  # fmt: skip
     if args.profile:
-        fn, leaves = paths(load_graph(args.graphs[0]), args.heads, 64, device)["gtnorm_op"]
+        found = paths(load_graph(args.graphs[0]), args.heads, 64, device)
+        fn, leaves = found["gtnorm_op"]
         loop_us(fn, leaves)
         profiler = cProfile.Profile()
         profiler.enable()
         loop_us(fn, leaves, reps=100, trials=1)
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
-        found = paths(load_graph(args.graphs[0]), args.heads, 64, device)
         for path in ("gtnorm_op", "anemoi_kernel"):
             if path in found:
                 print_torch_profile(path, *found[path])
