@@ -33,6 +33,10 @@ KERNELS = {
     "edge_softmax_backward_by_destination_kernel": "by_dst",
     "edge_softmax_backward_by_source_kernel": "by_src",
     "edge_weight_grad_kernel": "dW",
+    # The fused edge projection's node-block products (forward and backward calls together) and d edge_features.
+    "project_rows_kernel": "proj",
+    "add_expanded_rows_kernel": "expand",
+    "edge_features_grad_kernel": "dx",
 }
 
 
@@ -189,7 +193,8 @@ def main() -> None:
                 continue
             times, others = kernel_times(step)
             fwd = times["fwd"]
-            bwd = sum(times.get(short, 0.0) for short in ("by_dst", "by_src", "dW")) + sum(ms for _, ms in others)
+            # Backward: everything but the forward's walk (the projection's node-block products of both included).
+            bwd = sum(ms for short, ms in times.items() if short != "fwd") + sum(ms for _, ms in others)
             regs = " ".join(
                 f"{short} {times[short]:.3f} ms (r{compiled[k].n_regs}, s{compiled[k].n_spills},"
                 f" a{compiled[k].asm['ptx'].count('cp.async.ca') + compiled[k].asm['ptx'].count('cp.async.cg')})"

@@ -85,7 +85,7 @@ def graph_transformer_attention(
     # The weight keeps its strides (the kernels take them): a transposed torch.nn.Linear weight needs no copy.
     projection = [edge_weight, edge_bias.contiguous() if edge_bias is not None else None]
     norm_params = [p.contiguous() if p is not None else None for p in params.values()]
-    out, _ = graph_attention(
+    out, *_ = graph_attention(
         *operands, *projection, *norm_params, *layout.tensors(), kind or "none", eps_q, eps_k, launch=launch
     )
     return out

@@ -26,23 +26,17 @@ own ([weight | bias] columns, one row per program); the host sums the partial ro
 parameter gradients are bitwise reproducible.
 
 With EDGE_PROJ (e = x W + b from raw attributes x, edge_projection.py) neither pass reads or writes an [H, C] row
-per edge. Pass 1 takes e's terms of the scores, of da and of A and B from the edge's D attributes and the node's
-q' and dO projected onto W (per node), and leaves per destination what the parameter and attribute gradients
-need: sum_j a x and sum_j dS x / sqrt(C) (edge_weight_grad_kernel.py turns them into dW and db), and <q', W_d> /
-sqrt(C) and <dO, W_d> (pass 2 turns them into d x_ij = a_ij <dO, W_d> + dS_ij <q', W_d> / sqrt(C)). Pass 2 writes
-no de.
+per edge. Pass 1 takes e's terms of the scores and of da from the edge's D attributes and the node's q' and dO
+projected onto W ([H, D + 1] per node, node_projection_kernels.py), and leaves per destination
+P = sum_j a x and S = sum_j dS x / sqrt(C): S W is e's term of dq' (added with the norm's backward for blocks of
+nodes, node_projection_kernels.py), and P and S give dW and db (edge_weight_grad_kernel.py) and, with a and da,
+d edge_features (edge_features_grad_kernel.py). Pass 2 is then the one without edge features.
 """
 
 import triton
 import triton.language as tl
 
-from gtnorm.triton.edge_projection import (
-    expand_pair_with_weights,
-    feature_tile_offsets,
-    features_dot,
-    load_edge_features,
-    project_pair_onto_weights,
-)
+from gtnorm.triton.edge_projection import feature_tile_offsets, features_dot, load_edge_features
 from gtnorm.triton.tiles import (
     NORM_NONE,
     load_norm_param,
@@ -61,25 +55,23 @@ from gtnorm.triton.tiles import (
 
 @triton.jit
 def _by_destination_step(
-    delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, q_proj, d_out_proj, feature_a,
-    feature_a_da, pos, start, end, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, edge_weight_ptr,
-    edge_bias_ptr, w_stride_d, w_stride_hc, csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr,
-    grad_query_ptr, attn_ptr, grad_attn_ptr, delta_ptr, feature_sums_ptr, node_proj_ptr, w_q, b_q, w_k, b_k,
-    offsets, mask, offs_h, sums_offsets, sums_mask, proj_offsets, proj_mask, H, row_len, C, score_scale, sm_scale,
-    eps_q, eps_k, HAS_EDGE_ATTR: tl.constexpr, EDGE_PROJ: tl.constexpr, EDGE_DIM: tl.constexpr,
-    HAS_EDGE_BIAS: tl.constexpr, EDGE_FEATURES_GRAD: tl.constexpr, NORM: tl.constexpr, HAS_Q_WEIGHT: tl.constexpr,
+    delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, feature_a, feature_a_da, pos, start,
+    end, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, query_proj_ptr, grad_out_proj_ptr,
+    csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr, grad_query_ptr, attn_ptr, grad_attn_ptr,
+    delta_ptr, feature_sums_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, feature_offsets, feature_mask, H,
+    row_len, C, score_scale, sm_scale, eps_q, eps_k, HAS_EDGE_ATTR: tl.constexpr, EDGE_PROJ: tl.constexpr,
+    EDGE_DIM: tl.constexpr, HAS_EDGE_BIAS: tl.constexpr, NORM: tl.constexpr, HAS_Q_WEIGHT: tl.constexpr,
     HAS_Q_BIAS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Folds the edge at by-destination position pos into its node's sums (delta = sum a (da - shift), a_sum,
     A, B; [BLOCK_H] or [BLOCK_H, BLOCK_C]) and stores its a and da; at the node's last edge, writes dq and D.
     mean_q and rstd_q [BLOCK_H, 1] are the node's query statistics, set at its first edge.
 
-    With EDGE_PROJ the edge features enter through the edge's extended attributes x (edge_projection.py): q_proj
-    and d_out_proj [BLOCK_H, BLOCK_D] are the node's q' and dO projected onto the edge weights (set at its first
-    edge), feature_a = sum a x and feature_a_da = sum a (da - shift) x [BLOCK_H, BLOCK_D] stand for e in A and B.
-    At the node's last edge it writes sum_j a x and sum_j dS x / sqrt(C) (the edge weights' gradient terms,
-    edge_weight_grad_kernel.py) and, with EDGE_FEATURES_GRAD, q_proj / sqrt(C) and d_out_proj (the by-source
-    pass's terms of d edge_features)."""
+    With EDGE_PROJ the edge features enter through the edge's extended attributes x (edge_projection.py) and the
+    node's q' and dO projected onto the edge weights ([BLOCK_H, BLOCK_D] rows of query_proj and grad_out_proj);
+    feature_a = sum a x and feature_a_da = sum a (da - shift) x [BLOCK_H, BLOCK_D] stand for e in A and B. At the
+    node's last edge it writes P = sum_j a x and S = sum_j dS x / sqrt(C), and dq without e's term S W (module
+    docstring)."""
     node, first, last = walk_position(csc_dst_ptr, pos, start, end)
     src = tl.load(csc_src_ptr + pos)
     edge_id = tl.load(csc_edge_id_ptr + pos)
@@ -104,11 +96,10 @@ def _by_destination_step(
     score = tl.sum(q * k, axis=1)  # [BLOCK_H]
     da = tl.sum(d_out * v, axis=1)
     if EDGE_PROJ:
-        if first:
-            q_proj, d_out_proj = project_pair_onto_weights(
-                q, d_out, edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, offsets, mask, EDGE_DIM,
-                HAS_EDGE_BIAS, BLOCK_D,
-            )  # fmt: skip
+        # Re-read at every edge like the query row (cache hits after the first), for the same reason.
+        feature_row = node.to(tl.int64) * (H * (EDGE_DIM + HAS_EDGE_BIAS)) + feature_offsets
+        q_proj = tl.load(query_proj_ptr + feature_row, mask=feature_mask, other=0.0)
+        d_out_proj = tl.load(grad_out_proj_ptr + feature_row, mask=feature_mask, other=0.0)
         x = load_edge_features(edge_features_ptr, edge_id, EDGE_DIM, HAS_EDGE_BIAS, BLOCK_D)
         score += features_dot(q_proj, x)
         da += features_dot(d_out_proj, x)
@@ -138,24 +129,14 @@ def _by_destination_step(
         # is sharp and a carries the rounding of large scores.
         node_delta = delta / a_sum
         if EDGE_PROJ:
-            # A and B's terms of e, expanded once per node (edge_projection.py).
-            e_terms_a, e_terms_b = expand_pair_with_weights(
-                feature_a_da, feature_a, edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, offsets, mask,
-                EDGE_DIM, HAS_EDGE_BIAS, BLOCK_D,
-            )  # fmt: skip
-            acc_a += e_terms_a
-            acc_b += e_terms_b
             # de_ij = a_ij dO_i + dS_ij q'_i / sqrt(C), so the edge weights' gradient sum_ij x_ij^T de_ij is
             # sum_i (sum_j a_ij x_ij)^T dO_i + (sum_j dS_ij x_ij)^T q'_i / sqrt(C), with
             # sum_j dS_ij x_ij = sum_j a_ij (da_ij - shift) x_ij - (D_i - shift) sum_j a_ij x_ij.
+            # e's term of dq', (sum_j dS_ij x_ij) W / sqrt(C), is that second sum expanded.
             sums_row = feature_sums_ptr + node.to(tl.int64) * (2 * H * (EDGE_DIM + HAS_EDGE_BIAS))
-            tl.store(sums_row + sums_offsets, feature_a, mask=sums_mask)
+            tl.store(sums_row + feature_offsets, feature_a, mask=feature_mask)
             grad_s_x = (feature_a_da - node_delta[:, None] * feature_a) * sm_scale
-            tl.store(sums_row + H * (EDGE_DIM + HAS_EDGE_BIAS) + sums_offsets, grad_s_x, mask=sums_mask)
-            if EDGE_FEATURES_GRAD:
-                proj_row = node_proj_ptr + node.to(tl.int64) * (2 * H * EDGE_DIM)
-                tl.store(proj_row + proj_offsets, q_proj * sm_scale, mask=proj_mask)
-                tl.store(proj_row + H * EDGE_DIM + proj_offsets, d_out_proj, mask=proj_mask)
+            tl.store(sums_row + H * (EDGE_DIM + HAS_EDGE_BIAS) + feature_offsets, grad_s_x, mask=feature_mask)
         grad_q = (acc_a - node_delta[:, None] * acc_b) * sm_scale
         if NORM != NORM_NONE:
             grad_q_norm = grad_q  # dL/dq', [BLOCK_H, BLOCK_C]
@@ -166,10 +147,7 @@ def _by_destination_step(
                 grad_b_q += tl.sum(grad_q_norm, axis=0)
         store_row(grad_query_ptr, node, offsets, mask, row_len, grad_q)
         tl.store(delta_ptr + node.to(tl.int64) * H + offs_h, node_delta + shift, mask=head_mask)
-    return (
-        delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, q_proj, d_out_proj, feature_a,
-        feature_a_da,
-    )  # fmt: skip
+    return delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, feature_a, feature_a_da
 
 
 @triton.jit
@@ -179,10 +157,8 @@ def edge_softmax_backward_by_destination_kernel(
     value_ptr,  # [N_src, H, C]
     edge_attr_ptr,  # [M, H, C] caller's edge order (unused without HAS_EDGE_ATTR)
     edge_features_ptr,  # [M, EDGE_DIM] caller's edge order (unused without EDGE_PROJ)
-    edge_weight_ptr,  # [EDGE_DIM, H * C], strides (w_stride_d, w_stride_hc) (unused without EDGE_PROJ)
-    edge_bias_ptr,  # [H * C] (unused without HAS_EDGE_BIAS)
-    w_stride_d,
-    w_stride_hc,
+    query_proj_ptr,  # [N_dst, H, EDGE_DIM + HAS_EDGE_BIAS] fp32: <q', W_d> (unused without EDGE_PROJ)
+    grad_out_proj_ptr,  # [N_dst, H, EDGE_DIM + HAS_EDGE_BIAS] fp32: <dO, W_d> (unused without EDGE_PROJ)
     q_weight_ptr,  # [C]
     q_bias_ptr,  # [C]
     k_weight_ptr,  # [C]
@@ -197,8 +173,7 @@ def edge_softmax_backward_by_destination_kernel(
     attn_ptr,  # [M, H] fp32 out: a, by caller's edge id
     grad_attn_ptr,  # [M, H] fp32 out: da = <dO, v + e>, by caller's edge id
     delta_ptr,  # [N_dst, H] fp32 out: D
-    feature_sums_ptr,  # [N_dst, 2, H, EDGE_DIM + HAS_EDGE_BIAS] fp32 out: sum a x, sum dS x / sqrt(C) (EDGE_PROJ)
-    node_proj_ptr,  # [N_dst, 2, H, EDGE_DIM] fp32 out: <q', W_d> / sqrt(C), <dO, W_d> (EDGE_FEATURES_GRAD)
+    feature_sums_ptr,  # [N_dst, 2, H, EDGE_DIM + HAS_EDGE_BIAS] fp32 out: P, S (unused without EDGE_PROJ)
     q_param_grad_partial_ptr,  # [programs, partial_width] fp32 out: [weight | bias] columns, a row per program
     q_partial_width,  # C for each of the query norm's weight and bias that exists
     num_slots,  # destinations with edges (they hold the first slots)
@@ -213,7 +188,6 @@ def edge_softmax_backward_by_destination_kernel(
     EDGE_PROJ: tl.constexpr,  # edge features projected from edge_features inside the kernel (edge_projection.py)
     EDGE_DIM: tl.constexpr,  # D, the raw attributes per edge (0 without EDGE_PROJ)
     HAS_EDGE_BIAS: tl.constexpr,
-    EDGE_FEATURES_GRAD: tl.constexpr,  # edge_features requires grad
     NORM: tl.constexpr,  # tiles.NORM_NONE / NORM_RMS / NORM_LAYER
     HAS_Q_WEIGHT: tl.constexpr,
     HAS_Q_BIAS: tl.constexpr,
@@ -232,12 +206,10 @@ def edge_softmax_backward_by_destination_kernel(
     w_k = load_norm_param(k_weight_ptr, C, HAS_K_WEIGHT, 1.0, BLOCK_C)
     b_k = load_norm_param(k_bias_ptr, C, HAS_K_BIAS, 0.0, BLOCK_C)
     start, end = program_edge_run(dst_offsets_ptr, nodes_per_program, num_slots)
-    head_start = tl.program_id(1) * BLOCK_H
-    sums_offsets, sums_mask = feature_tile_offsets(head_start, H, EDGE_DIM + HAS_EDGE_BIAS, BLOCK_H, BLOCK_D)
-    proj_offsets, proj_mask = feature_tile_offsets(head_start, H, EDGE_DIM, BLOCK_H, BLOCK_D)
+    feature_offsets, feature_mask = feature_tile_offsets(
+        tl.program_id(1) * BLOCK_H, H, EDGE_DIM + HAS_EDGE_BIAS, BLOCK_H, BLOCK_D
+    )
 
-    q_proj = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    d_out_proj = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     feature_a = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     feature_a_da = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     grad_w_q = tl.zeros([BLOCK_C], tl.float32)
@@ -251,16 +223,14 @@ def edge_softmax_backward_by_destination_kernel(
     rstd_q = tl.full([BLOCK_H, 1], 1.0, tl.float32)
     for pos in tl.range(start, end, num_stages=NUM_STAGES):
         (
-            delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, q_proj, d_out_proj, feature_a,
-            feature_a_da,
+            delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, feature_a, feature_a_da,
         ) = _by_destination_step(
-            delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, q_proj, d_out_proj, feature_a,
-            feature_a_da, pos, start, end, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr,
-            edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr,
-            grad_out_ptr, lse_ptr, grad_query_ptr, attn_ptr, grad_attn_ptr, delta_ptr, feature_sums_ptr,
-            node_proj_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, sums_offsets, sums_mask, proj_offsets,
-            proj_mask, H, row_len, C, score_scale, sm_scale, eps_q, eps_k, HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM,
-            HAS_EDGE_BIAS, EDGE_FEATURES_GRAD, NORM, HAS_Q_WEIGHT, HAS_Q_BIAS, BLOCK_D,
+            delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, feature_a, feature_a_da, pos,
+            start, end, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, query_proj_ptr,
+            grad_out_proj_ptr, csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr, grad_query_ptr,
+            attn_ptr, grad_attn_ptr, delta_ptr, feature_sums_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h,
+            feature_offsets, feature_mask, H, row_len, C, score_scale, sm_scale, eps_q, eps_k, HAS_EDGE_ATTR,
+            EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, HAS_Q_WEIGHT, HAS_Q_BIAS, BLOCK_D,
         )  # fmt: skip
 
     if NORM != NORM_NONE:
@@ -288,15 +258,12 @@ def _store_param_grad_partial(
 @triton.jit
 def _by_source_step(
     grad_v, grad_k, grad_w_k, grad_b_k, pos, start, end, query_ptr, key_ptr, csr_src_ptr, csr_dst_ptr,
-    csr_edge_id_ptr, grad_out_ptr, attn_ptr, grad_attn_ptr, delta_ptr, node_proj_ptr, grad_key_ptr, grad_value_ptr,
-    grad_edge_attr_ptr, grad_features_partial_ptr, w_q, b_q, w_k, offsets, mask, offs_h, proj_offsets, proj_mask,
-    num_edges, H, row_len, C, sm_scale, eps_q, eps_k, HAS_EDGE_ATTR: tl.constexpr, EDGE_DIM: tl.constexpr,
-    EDGE_FEATURES_GRAD: tl.constexpr, NORM: tl.constexpr, HAS_K_WEIGHT: tl.constexpr, HAS_K_BIAS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    csr_edge_id_ptr, grad_out_ptr, attn_ptr, grad_attn_ptr, delta_ptr, grad_key_ptr, grad_value_ptr,
+    grad_edge_attr_ptr, w_q, b_q, w_k, offsets, mask, offs_h, H, row_len, C, sm_scale, eps_q, eps_k,
+    HAS_EDGE_ATTR: tl.constexpr, NORM: tl.constexpr, HAS_K_WEIGHT: tl.constexpr, HAS_K_BIAS: tl.constexpr,
 ):
-    """Adds the edge at by-source position pos to its source's dv and dk' [BLOCK_H, BLOCK_C] and writes its de
-    (or, with EDGE_FEATURES_GRAD, this head group's part of d edge_features); at the source's last edge, writes
-    its dk and dv."""
+    """Adds the edge at by-source position pos to its source's dv and dk' [BLOCK_H, BLOCK_C] and writes its de;
+    at the source's last edge, writes its dk and dv."""
     node, first, last = walk_position(csr_src_ptr, pos, start, end)
     dst = tl.load(csr_dst_ptr + pos)
     edge_id = tl.load(csr_edge_id_ptr + pos)
@@ -314,16 +281,6 @@ def _by_source_step(
     grad_k = tl.where(first, 0.0, grad_k) + grad_s_q
     if HAS_EDGE_ATTR:
         store_streamed_row(grad_edge_attr_ptr, edge_id, offsets, mask, row_len, a_d_out + grad_s_q)
-    if EDGE_FEATURES_GRAD:
-        # d x_ij[d] = <de_ij, W_d> = a_ij <dO_i, W_d> + dS_ij <q'_i, W_d> / sqrt(C), per head from the
-        # destination's projections (by-destination pass), summed over this program's heads.
-        proj_row = node_proj_ptr + dst.to(tl.int64) * (2 * H * EDGE_DIM)
-        q_proj = tl.load(proj_row + proj_offsets, mask=proj_mask, other=0.0)
-        d_out_proj = tl.load(proj_row + H * EDGE_DIM + proj_offsets, mask=proj_mask, other=0.0)
-        grad_x = tl.sum(a[:, None] * d_out_proj + grad_s[:, None] * q_proj, axis=0)  # [BLOCK_D]
-        offs_d = tl.arange(0, BLOCK_D)
-        partial_row = tl.program_id(1).to(tl.int64) * num_edges + edge_id
-        tl.store(grad_features_partial_ptr + partial_row * EDGE_DIM + offs_d, grad_x, mask=offs_d < EDGE_DIM)
     if NORM != NORM_NONE:
         # Loaded outside the branch so that the pipeliner prefetches it, masked so that only a node's last edge
         # moves bytes (tl.where: the interpreter cannot AND a block mask with a scalar flag).
@@ -357,24 +314,19 @@ def edge_softmax_backward_by_source_kernel(
     attn_ptr,  # [M, H] fp32: a, by caller's edge id
     grad_attn_ptr,  # [M, H] fp32: da, by caller's edge id
     delta_ptr,  # [N_dst, H] fp32: D
-    node_proj_ptr,  # [N_dst, 2, H, EDGE_DIM] fp32: <q', W_d> / sqrt(C), <dO, W_d> (unused without EDGE_FEATURES_GRAD)
     grad_key_ptr,  # [N_src, H, C] out; rows of nodes without edges are left to the caller
     grad_value_ptr,  # [N_src, H, C] out, likewise
     grad_edge_attr_ptr,  # [M, H, C] caller's edge order (unused without HAS_EDGE_ATTR)
-    grad_features_partial_ptr,  # [head groups, M, EDGE_DIM] fp32 out: d edge_features per head group
     k_param_grad_partial_ptr,  # [programs, partial_width] fp32 out: [weight | bias] columns, a row per program
     k_partial_width,  # C for each of the key norm's weight and bias that exists
     num_slots,  # sources with edges (they hold the first slots)
     nodes_per_program,
-    num_edges,
     H,
     C,
     sm_scale,  # 1 / sqrt(C)
     eps_q,
     eps_k,
     HAS_EDGE_ATTR: tl.constexpr,
-    EDGE_DIM: tl.constexpr,  # D, the raw attributes per edge (0 without EDGE_FEATURES_GRAD)
-    EDGE_FEATURES_GRAD: tl.constexpr,  # projected edge features whose edge_features require grad
     NORM: tl.constexpr,  # tiles.NORM_NONE / NORM_RMS / NORM_LAYER
     HAS_Q_WEIGHT: tl.constexpr,
     HAS_Q_BIAS: tl.constexpr,
@@ -382,12 +334,10 @@ def edge_softmax_backward_by_source_kernel(
     HAS_K_BIAS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr,
-    BLOCK_D: tl.constexpr,  # EDGE_DIM padded to a power of two (1 without EDGE_FEATURES_GRAD)
     NUM_STAGES: tl.constexpr,
 ):
     row_len = H * C
     offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
-    proj_offsets, proj_mask = feature_tile_offsets(tl.program_id(1) * BLOCK_H, H, EDGE_DIM, BLOCK_H, BLOCK_D)
     w_q = load_norm_param(q_weight_ptr, C, HAS_Q_WEIGHT, 1.0, BLOCK_C)
     b_q = load_norm_param(q_bias_ptr, C, HAS_Q_BIAS, 0.0, BLOCK_C)
     w_k = load_norm_param(k_weight_ptr, C, HAS_K_WEIGHT, 1.0, BLOCK_C)
@@ -402,10 +352,9 @@ def edge_softmax_backward_by_source_kernel(
     for pos in tl.range(start, end, num_stages=NUM_STAGES):
         grad_v, grad_k, grad_w_k, grad_b_k = _by_source_step(
             grad_v, grad_k, grad_w_k, grad_b_k, pos, start, end, query_ptr, key_ptr, csr_src_ptr, csr_dst_ptr,
-            csr_edge_id_ptr, grad_out_ptr, attn_ptr, grad_attn_ptr, delta_ptr, node_proj_ptr, grad_key_ptr,
-            grad_value_ptr, grad_edge_attr_ptr, grad_features_partial_ptr, w_q, b_q, w_k, offsets, mask, offs_h,
-            proj_offsets, proj_mask, num_edges, H, row_len, C, sm_scale, eps_q, eps_k, HAS_EDGE_ATTR, EDGE_DIM,
-            EDGE_FEATURES_GRAD, NORM, HAS_K_WEIGHT, HAS_K_BIAS, BLOCK_D,
+            csr_edge_id_ptr, grad_out_ptr, attn_ptr, grad_attn_ptr, delta_ptr, grad_key_ptr, grad_value_ptr,
+            grad_edge_attr_ptr, w_q, b_q, w_k, offsets, mask, offs_h, H, row_len, C, sm_scale, eps_q, eps_k,
+            HAS_EDGE_ATTR, NORM, HAS_K_WEIGHT, HAS_K_BIAS,
         )  # fmt: skip
 
     if NORM != NORM_NONE:

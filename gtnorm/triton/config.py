@@ -29,10 +29,13 @@ _BACKWARD_EDGES_PER_PROGRAM = 16
 # The by-destination pass holds the most state; capped at 160 registers, 12 rather than 11 one-warp programs
 # fit an SM (65536 registers), which paid more than the compiler's own choice (185, no spills either way).
 _BY_DESTINATION_MAX_REGISTERS = 160
-# With the fused edge projection that pass carries four more [heads, D] tiles and sweeps W's rows per node: under
-# the cap it spilled (304 spill stores, 3-4x slower); half the heads per program and the compiler's own register
-# count measured best (benchmarks/NOTES.md, v9).
+# With the fused edge projection that pass carries two more [heads, D + 1] tiles; v9's sweeps over W's rows per node
+# spilled under the cap (benchmarks/NOTES.md, v9), v10's node-block products took them out of the pass.
 _BY_DESTINATION_PROJECTION_ROW_SLICE = 256
+# The fused edge projection's node-block products (node_projection_kernels.py): nodes per program (tl.dot needs
+# 16 rows at least), and the d edge_features pass (edge_features_grad_kernel.py): edges per program.
+_PROJECTION_NODE_BLOCK = 32
+_PROJECTION_EDGE_BLOCK = 128
 # The forward pipelines its per-node edge loop only where nodes have many edges (encoders, ~16): on the
 # decoder's 3-edge nodes the pipeline's fill cost more than it hid (NOTES.md, v2).
 _FORWARD_PIPELINE_MIN_DEGREE = 8.0
@@ -65,11 +68,22 @@ class KernelLaunch:
 
 
 @dataclass(frozen=True)
+class ProjectionLaunch:
+    """The fused edge projection's kernels besides the edge walks."""
+
+    node_block: int = _PROJECTION_NODE_BLOCK  # nodes per program of the node-block products (>= 16: tl.dot)
+    node_warps: int = 4
+    edge_block: int = _PROJECTION_EDGE_BLOCK  # edges per program of the d edge_features pass
+    edge_warps: int = 4
+
+
+@dataclass(frozen=True)
 class AttentionLaunchConfig:
     block_c: int  # channels, padded to a power of two
     forward: KernelLaunch
     by_destination: KernelLaunch
     by_source: KernelLaunch
+    projection: ProjectionLaunch = ProjectionLaunch()
 
     def forward_stages(self, mean_in_degree: float) -> int:
         if mean_in_degree >= _FORWARD_PIPELINE_MIN_DEGREE:

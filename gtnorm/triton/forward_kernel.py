@@ -6,15 +6,17 @@ Scores are kept in the log2 domain, so the exponentials are exp2. Unlike the bac
 does not flatten its walk across nodes: its per-step work is light, and re-reading (or holding) the query at
 every edge of a flattened walk cost more than it saved (benchmarks/NOTES.md, v2 and v3).
 
-With EDGE_PROJ the edge features come from raw attributes (edge_projection.py): the query is projected onto the
-edge weights once per node, each edge adds <q', W> x to its score, the online softmax carries the p-weighted sum
-of the edges' attributes beside the messages, and that sum is expanded through W once, at the node's end.
+With EDGE_PROJ the edge features come from raw attributes (edge_projection.py): each edge adds <q', W> x to its
+score (the query's projection onto the edge weights, [H, D + 1] per node, made beforehand by
+node_projection_kernels.py), and the online softmax carries the p-weighted sum of the edges' attributes beside the
+messages; the node's share of it is stored, and expanded through W into the output afterwards, for blocks of nodes
+at once.
 """
 
 import triton
 import triton.language as tl
 
-from gtnorm.triton.edge_projection import expand_with_weights, features_dot, load_edge_features, project_onto_weights
+from gtnorm.triton.edge_projection import feature_tile_offsets, features_dot, load_edge_features
 from gtnorm.triton.tiles import (
     load_norm_param,
     load_row,
@@ -57,13 +59,14 @@ def _online_softmax_step(
 
 @triton.jit
 def _attend_node(
-    slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, edge_weight_ptr, edge_bias_ptr,
-    w_stride_d, w_stride_hc, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr, w_q,
-    b_q, w_k, b_k, offsets, mask, offs_h, H, C, score_scale, eps_q, eps_k, HAS_EDGE_ATTR: tl.constexpr,
+    slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, query_proj_ptr, feature_mean_ptr,
+    dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr, w_q, b_q, w_k, b_k, offsets,
+    mask, offs_h, feature_offsets, feature_mask, H, C, score_scale, eps_q, eps_k, HAS_EDGE_ATTR: tl.constexpr,
     EDGE_PROJ: tl.constexpr, EDGE_DIM: tl.constexpr, HAS_EDGE_BIAS: tl.constexpr, NORM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
-    """Output row and lse of the destination in ``slot`` (which has edges)."""
+    """Output row and lse of the destination in ``slot`` (which has edges); with EDGE_PROJ, its row of
+    sum_j p_ij x_ij / sum_j p_ij [BLOCK_H, BLOCK_D] too."""
     row_len = H * C
     # The node and its edge range are independent loads: the query row does not wait for the offsets.
     node = tl.load(dst_by_slot_ptr + slot)
@@ -75,11 +78,9 @@ def _attend_node(
     acc = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
     feature_acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     q_proj = feature_acc
+    feature_row = node.to(tl.int64) * (H * (EDGE_DIM + HAS_EDGE_BIAS)) + feature_offsets
     if EDGE_PROJ:
-        q_proj = project_onto_weights(
-            q, edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, offsets, mask, EDGE_DIM, HAS_EDGE_BIAS,
-            BLOCK_D,
-        )  # fmt: skip
+        q_proj = tl.load(query_proj_ptr + feature_row, mask=feature_mask, other=0.0)
     # With NUM_STAGES > 1 the pipeliner issues the loads of the next steps (cp.async into shared memory)
     # while this step computes; that pays on nodes with many edges (config.py).
     for pos in tl.range(start, end, num_stages=NUM_STAGES):
@@ -89,11 +90,8 @@ def _attend_node(
             HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_D,
         )  # fmt: skip
     if EDGE_PROJ:
-        # sum_j p_ij e_ij, expanded once per node from the p-weighted sum of the edges' attributes.
-        acc += expand_with_weights(
-            feature_acc, edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, offsets, mask, EDGE_DIM,
-            HAS_EDGE_BIAS, BLOCK_D,
-        )  # fmt: skip
+        # sum_j a_ij e_ij = (sum_j a_ij x_ij) W: node_projection_kernels.py adds it to the output row.
+        tl.store(feature_mean_ptr + feature_row, feature_acc / denom[:, None], mask=feature_mask)
     store_row(out_ptr, node, offsets, mask, row_len, acc / denom[:, None])
     tl.store(lse_ptr + node.to(tl.int64) * H + offs_h, m + tl.log2(denom), mask=offs_h < H)
 
@@ -105,10 +103,8 @@ def graph_attention_forward_kernel(
     value_ptr,  # [N_src, H, C]
     edge_attr_ptr,  # [M, H, C] in the caller's edge order (unused without HAS_EDGE_ATTR)
     edge_features_ptr,  # [M, EDGE_DIM] in the caller's edge order (unused without EDGE_PROJ)
-    edge_weight_ptr,  # [EDGE_DIM, H * C], strides (w_stride_d, w_stride_hc) (unused without EDGE_PROJ)
-    edge_bias_ptr,  # [H * C] (unused without HAS_EDGE_BIAS)
-    w_stride_d,
-    w_stride_hc,
+    query_proj_ptr,  # [N_dst, H, EDGE_DIM + HAS_EDGE_BIAS] fp32: <q', W_d> (unused without EDGE_PROJ)
+    feature_mean_ptr,  # [N_dst, H, EDGE_DIM + HAS_EDGE_BIAS] fp32 out: sum_j a_ij x_ij (unused without EDGE_PROJ)
     q_weight_ptr,  # [C] (unused without HAS_Q_WEIGHT)
     q_bias_ptr,  # [C] (unused without HAS_Q_BIAS)
     k_weight_ptr,  # [C] (unused without HAS_K_WEIGHT)
@@ -142,6 +138,9 @@ def graph_attention_forward_kernel(
 ):
     # Heads are independent (the norm is per head), so a program may take a group of BLOCK_H of them.
     offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
+    feature_offsets, feature_mask = feature_tile_offsets(
+        tl.program_id(1) * BLOCK_H, H, EDGE_DIM + HAS_EDGE_BIAS, BLOCK_H, BLOCK_D
+    )
     w_q = load_norm_param(q_weight_ptr, C, HAS_Q_WEIGHT, 1.0, BLOCK_C)
     b_q = load_norm_param(q_bias_ptr, C, HAS_Q_BIAS, 0.0, BLOCK_C)
     w_k = load_norm_param(k_weight_ptr, C, HAS_K_WEIGHT, 1.0, BLOCK_C)
@@ -154,17 +153,17 @@ def graph_attention_forward_kernel(
         last_slot = tl.minimum(slot + nodes_per_program, num_slots)
         while slot < last_slot:
             _attend_node(
-                slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, edge_weight_ptr,
-                edge_bias_ptr, w_stride_d, w_stride_hc, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr,
-                csc_edge_id_ptr, out_ptr, lse_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, H, C, score_scale,
+                slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, query_proj_ptr,
+                feature_mean_ptr, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr,
+                w_q, b_q, w_k, b_k, offsets, mask, offs_h, feature_offsets, feature_mask, H, C, score_scale,
                 eps_q, eps_k, HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_H, BLOCK_C, BLOCK_D,
                 NUM_STAGES,
             )  # fmt: skip
             slot += 1
     else:
         _attend_node(
-            tl.program_id(0), query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, edge_weight_ptr,
-            edge_bias_ptr, w_stride_d, w_stride_hc, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr, csc_edge_id_ptr,
-            out_ptr, lse_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, H, C, score_scale, eps_q, eps_k,
+            tl.program_id(0), query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, query_proj_ptr,
+            feature_mean_ptr, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr, w_q,
+            b_q, w_k, b_k, offsets, mask, offs_h, feature_offsets, feature_mask, H, C, score_scale, eps_q, eps_k,
             HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_H, BLOCK_C, BLOCK_D, NUM_STAGES,
         )  # fmt: skip

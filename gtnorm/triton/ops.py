@@ -25,13 +25,16 @@ from gtnorm.triton.backward_kernels import (
 from gtnorm.triton.config import (
     AttentionLaunchConfig,
     ColumnSumLaunch,
+    ProjectionLaunch,
     attention_launch_config,
     cdiv,
     column_sum_launch,
     next_power_of_2,
 )
+from gtnorm.triton.edge_features_grad_kernel import edge_features_grad_kernel
 from gtnorm.triton.edge_weight_grad_kernel import edge_weight_grad_kernel
 from gtnorm.triton.forward_kernel import graph_attention_forward_kernel
+from gtnorm.triton.node_projection_kernels import add_expanded_rows_kernel, project_rows_kernel
 from gtnorm.triton.partial_sum_kernel import column_sum_kernel
 
 LOG2E = 1.4426950408889634
@@ -71,28 +74,39 @@ def attention_forward(
     eps_q: float,
     eps_k: float,
     launch: AttentionLaunchConfig | None = None,  # None: attention_launch_config(H, C, edge projection?)
-) -> tuple[Tensor, Tensor]:
-    """Returns (out [N_dst, H, C] in query's dtype, lse [N_dst, H] fp32 log2-sum-exp2 of the scores)."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Returns (out [N_dst, H, C] in query's dtype, lse [N_dst, H] fp32 log2-sum-exp2 of the scores, query_proj),
+    query_proj being the normalised query projected onto the edge weights, [N_dst, H, D + bias] fp32, with a fused
+    edge projection (what the backward needs besides lse), else an empty tensor."""
     num_dst, num_heads, head_dim = query.shape
-    out = new_output(query.shape, query.dtype, query.device)
-    lse = new_output((num_dst, num_heads), torch.float32, query.device)
+    device = query.device
+    out = new_output(query.shape, query.dtype, device)
+    lse = new_output((num_dst, num_heads), torch.float32, device)
+    edge_proj = edge_features is not None
+    proj_shape = (num_dst, num_heads, _extended_dim(edge_features, edge_bias)) if edge_proj else (0,)
+    query_proj = new_output(proj_shape, torch.float32, device)
     if num_dst == 0:
-        return out, lse
-    launch = launch or attention_launch_config(num_heads, head_dim, edge_features is not None)
+        return out, lse, query_proj
+    launch = launch or attention_launch_config(num_heads, head_dim, edge_proj)
     fwd = launch.forward
     busy_slots = num_dst - dst_without_edges.numel()  # slots with edges come first
     mean_in_degree = csc_src.numel() / max(busy_slots, 1)
     num_stages = launch.forward_stages(mean_in_degree)
     # Only the pipelined form walks runs of slots (forward_kernel.py).
     nodes_per_program = fwd.nodes_per_program(mean_in_degree) if num_stages > 1 else 1
-    with device_guard(query.device):
-        _zero_rows((out, lse), dst_without_edges)
+    with device_guard(device):
+        # sum_j a_ij x_ij per destination, expanded through W into out afterwards (node_projection_kernels.py).
+        feature_means = new_output(proj_shape, torch.float32, device) if edge_proj else None
+        _zero_rows((out, lse, *_present(feature_means)), dst_without_edges)
         if busy_slots == 0:
-            return out, lse
+            return out, lse, query_proj
+        projection = _Projection(edge_weight, edge_bias, launch.projection) if edge_proj else None
+        if edge_proj:
+            projection.project(query, q_norm_weight, q_norm_bias, NORM_CODES[qk_norm], eps_q, query_proj)
         graph_attention_forward_kernel[(triton.cdiv(busy_slots, nodes_per_program), fwd.head_groups)](
             query, key, value,
             edge_attr if edge_attr is not None else query,
-            *_edge_projection_args(query, edge_features, edge_weight, edge_bias),
+            edge_features if edge_proj else query, *_or(lse, query_proj if edge_proj else None, feature_means),
             *_or(query, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias),
             dst_offsets, dst_by_slot, csc_src, csc_edge_id,
             out, lse,
@@ -103,7 +117,9 @@ def attention_forward(
             BLOCK_H=fwd.block_h, BLOCK_C=launch.block_c, NUM_STAGES=num_stages, num_warps=fwd.num_warps,
             **fwd.compile_options(),
         )  # fmt: skip
-    return out, lse
+        if edge_proj:
+            projection.add_expanded(feature_means, out)
+    return out, lse, query_proj
 
 
 def _op_schema(fn, outputs: int | None = None) -> str:
@@ -127,8 +143,13 @@ graph_attention_forward = torch.library.custom_op(
 
 
 @graph_attention_forward.register_fake
-def _(query, key, value, *edges_norm_params_layout_and_flags):
-    return torch.empty_like(query), query.new_empty(query.shape[:2], dtype=torch.float32)
+def _(query, key, value, edge_attr, edge_features, edge_weight, edge_bias, *norm_params_layout_and_flags):
+    proj_shape = (*query.shape[:2], _extended_dim(edge_features, edge_bias)) if edge_features is not None else (0,)
+    return (
+        torch.empty_like(query),
+        query.new_empty(query.shape[:2], dtype=torch.float32),
+        query.new_empty(proj_shape, dtype=torch.float32),
+    )
 
 
 def attention_backward(
@@ -145,6 +166,7 @@ def attention_backward(
     k_norm_weight: Tensor | None,  # [C]
     k_norm_bias: Tensor | None,  # [C]
     lse: Tensor,  # [N_dst, H] fp32
+    query_proj: Tensor,  # [N_dst, H, D + bias] fp32 from the forward (empty without edge_features)
     dst_offsets: Tensor,  # [N_dst + 1] int32, by slot
     dst_by_slot: Tensor,  # [N_dst] int32 (for the forward)
     csc_dst: Tensor,  # [M] int32
@@ -181,13 +203,14 @@ def attention_backward(
     delta = new_output((num_dst, num_heads), torch.float32, device)
     edge_proj = edge_features is not None
     edge_features_grad = edge_proj and edge_features_grad
-    edge_dim = edge_features.shape[1] if edge_proj else 0
-    extended_dim = edge_dim + (edge_bias is not None)
-    # Per destination: sum a x and sum dS x / sqrt(C) over its edges, for the edge weights' gradient; and the
-    # projections of q' and dO onto the weights, for d edge_features (backward_kernels.py). Scratch that a call
-    # does not use is not allocated: the kernels get another fp32 tensor's pointer there, never read (_or).
-    feature_sums = new_output((num_dst, 2, num_heads, extended_dim), torch.float32, device) if edge_proj else None
-    node_proj = new_output((num_dst, 2, num_heads, edge_dim), torch.float32, device) if edge_features_grad else None
+    # Per destination: P = sum a x and S = sum dS x / sqrt(C) over its edges (backward_kernels.py), and dO projected
+    # onto the edge weights. Scratch that a call does not use is not allocated: the kernels get another fp32
+    # tensor's pointer there, never read (_or).
+    feature_sums = grad_out_proj = None
+    if edge_proj:
+        extended_dim = _extended_dim(edge_features, edge_bias)
+        feature_sums = new_output((num_dst, 2, num_heads, extended_dim), torch.float32, device)
+        grad_out_proj = new_output((num_dst, num_heads, extended_dim), torch.float32, device)
 
     launch = launch or attention_launch_config(num_heads, head_dim, edge_features is not None)
     by_dst, by_src = launch.by_destination, launch.by_source
@@ -202,11 +225,13 @@ def attention_backward(
     q_params = [p for p in (q_norm_weight, q_norm_bias) if p is not None] if normed else []
     k_params = [k_norm_weight] if normed and k_norm_weight is not None else []  # no key bias: _norm_flags
     q_partial_width, k_partial_width = len(q_params) * head_dim, len(k_params) * head_dim
-    q_partial = new_output((dst_programs * by_dst.head_groups, q_partial_width), torch.float32, device)
+    projection = _Projection(edge_weight, edge_bias, launch.projection) if edge_proj else None
+    # With the edge projection, e's term of dq' passes the query norm's backward for blocks of nodes, whose
+    # programs add their own partial rows after the by-destination pass's.
+    q_partial_rows = dst_programs * by_dst.head_groups
+    q_partial_rows += projection.programs(num_dst, num_heads) if edge_proj and normed else 0
+    q_partial = new_output((q_partial_rows, q_partial_width), torch.float32, device)
     k_partial = new_output((src_programs * by_src.head_groups, k_partial_width), torch.float32, device)
-    grad_features_partial = (
-        new_output((by_src.head_groups, num_edges, edge_dim), torch.float32, device) if edge_features_grad else None
-    )
     flags = dict(
         HAS_EDGE_ATTR=has_edge_attr,
         **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight),
@@ -220,36 +245,44 @@ def attention_backward(
         _zero_rows((grad_key, grad_value), src_without_edges)
         if edge_proj:  # the edge weights' gradient sums over every destination
             _zero_rows((feature_sums,), dst_without_edges)
+            projection.project(grad_out, None, None, NORM_CODES["none"], 0.0, grad_out_proj)
         if dst_programs:
             edge_softmax_backward_by_destination_kernel[(dst_programs, by_dst.head_groups)](
                 query, key, value, edge_attr if has_edge_attr else query,
-                *_edge_projection_args(query, edge_features, edge_weight, edge_bias),
+                edge_features if edge_proj else query, *_or(attn, query_proj if edge_proj else None, grad_out_proj),
                 q_weight, q_bias, k_weight, k_bias,
                 dst_offsets, csc_dst, csc_src, csc_edge_id,
                 grad_out, lse,
-                grad_query, attn, grad_attn, delta, *_or(attn, feature_sums, node_proj), q_partial, q_partial_width,
+                grad_query, attn, grad_attn, delta, *_or(attn, feature_sums), q_partial, q_partial_width,
                 dst_slots, dst_per_program, num_heads, head_dim, LOG2E * sm_scale, sm_scale, eps_q, eps_k,
-                EDGE_FEATURES_GRAD=edge_features_grad, **edge_projection_flags,
+                **edge_projection_flags,
                 BLOCK_H=by_dst.block_h, NUM_STAGES=by_dst.num_stages, num_warps=by_dst.num_warps,
                 **by_dst.compile_options(), **flags,
+            )  # fmt: skip
+        if edge_proj:  # e's term of dq': S W through the query norm's backward
+            projection.add_expanded(
+                feature_sums[:, 1], grad_query, query, q_norm_weight, q_norm_bias, NORM_CODES[qk_norm], eps_q,
+                q_partial, first_partial_row=dst_programs * by_dst.head_groups,
             )  # fmt: skip
         if src_programs:
             edge_softmax_backward_by_source_kernel[(src_programs, by_src.head_groups)](
                 query, key, q_weight, q_bias, k_weight,
                 src_offsets, csr_src, csr_dst, csr_edge_id,
-                grad_out, attn, grad_attn, delta, *_or(attn, node_proj),
-                grad_key, grad_value, grad_edge_attr if has_edge_attr else query, *_or(attn, grad_features_partial),
+                grad_out, attn, grad_attn, delta,
+                grad_key, grad_value, grad_edge_attr if has_edge_attr else query,
                 k_partial, k_partial_width,
-                src_slots, src_per_program, num_edges, num_heads, head_dim, sm_scale, eps_q, eps_k,
-                EDGE_DIM=edge_dim if edge_features_grad else 0, EDGE_FEATURES_GRAD=edge_features_grad,
-                BLOCK_D=next_power_of_2(edge_dim) if edge_features_grad else 1,
+                src_slots, src_per_program, num_heads, head_dim, sm_scale, eps_q, eps_k,
                 BLOCK_H=by_src.block_h, NUM_STAGES=by_src.num_stages, num_warps=by_src.num_warps,
                 **by_src.compile_options(), **flags,
             )  # fmt: skip
         grad_q_weight, grad_q_bias = _param_grads(q_norm_weight, q_norm_bias, q_partial, normed, device)
         grad_k_weight, _ = _param_grads(k_norm_weight, None, k_partial, normed, device)
         _, grad_k_bias = _param_grads(None, k_norm_bias, k_partial, False, device)  # exactly 0 (_norm_flags)
-        grad_edge_features = _edge_features_grad(edge_features, grad_features_partial)
+        grad_edge_features = None
+        if edge_features_grad:
+            grad_edge_features = projection.edge_features_grad(
+                edge_features, csc_dst, csc_edge_id, attn, grad_attn, delta, query_proj, grad_out_proj, sm_scale
+            )
         grad_edge_weight, grad_edge_bias = _edge_weight_grads(
             edge_weight, edge_bias, feature_sums, query, grad_out, q_norm_weight, q_norm_bias, qk_norm, eps_q
         )
@@ -259,30 +292,111 @@ def attention_backward(
     )  # fmt: skip
 
 
-def _edge_projection_args(fallback: Tensor, edge_features, edge_weight, edge_bias) -> list:
-    """The kernels' edge-projection arguments: features, weight, bias pointers and the weight's two strides."""
-    strides = edge_weight.stride() if edge_weight is not None else (0, 0)
-    return [*_or(fallback, edge_features, edge_weight, edge_bias), *strides]
-
-
 def _edge_projection_flags(edge_features: Tensor | None, edge_bias: Tensor | None) -> dict:
-    edge_dim = edge_features.shape[1] if edge_features is not None else 0
-    extended_dim = edge_dim + (edge_bias is not None)
+    edge_proj = edge_features is not None
     return dict(
-        EDGE_PROJ=edge_features is not None,
-        EDGE_DIM=edge_dim,
+        EDGE_PROJ=edge_proj,
+        EDGE_DIM=edge_features.shape[1] if edge_proj else 0,
         HAS_EDGE_BIAS=edge_bias is not None,
-        BLOCK_D=next_power_of_2(extended_dim) if edge_features is not None else 1,
+        BLOCK_D=next_power_of_2(_extended_dim(edge_features, edge_bias)) if edge_proj else 1,
     )
 
 
-def _edge_features_grad(edge_features: Tensor | None, partial: Tensor | None) -> Tensor | None:
-    """d edge_features [M, D] from the by-source pass's per-head-group rows [groups, M, D] (fixed-order sum); None
-    where it was not computed."""
-    if partial is None:
-        return None
-    grad = partial[0] if partial.shape[0] == 1 else partial.sum(dim=0)
-    return grad.to(edge_features.dtype, copy=True)
+def _extended_dim(edge_features: Tensor, edge_bias: Tensor | None) -> int:
+    """D + 1 with a bias (its extra row of W, edge_projection.py), else D."""
+    return edge_features.shape[1] + (edge_bias is not None)
+
+
+class _Projection:
+    """Launches of the fused edge projection's kernels besides the edge walks, for one weight and bias."""
+
+    def __init__(
+        self,
+        weight: Tensor,  # [D, H * C], any strides
+        bias: Tensor | None,  # [H * C]
+        plan: ProjectionLaunch,
+    ):
+        self.weight, self.bias, self.plan = weight, bias, plan
+        self.edge_dim = weight.shape[0]
+        extended = self.edge_dim + (bias is not None)
+        # tl.dot's operands: at least 16 along every axis.
+        self.block_d = max(16, next_power_of_2(extended))
+        self.flags = dict(D=self.edge_dim, HAS_EDGE_BIAS=bias is not None)
+
+    def _weight_args(self, fallback: Tensor) -> list:
+        return [self.weight, self.bias if self.bias is not None else fallback, *self.weight.stride()]
+
+    def programs(self, num_nodes: int, num_heads: int) -> int:
+        return cdiv(num_nodes, self.plan.node_block) * num_heads
+
+    def project(
+        self,
+        rows: Tensor,  # [N, H, C]
+        norm_weight: Tensor | None,  # [C]
+        norm_bias: Tensor | None,  # [C]
+        norm: int,  # NORM_CODES
+        eps: float,
+        out: Tensor,  # [N, H, D + bias] fp32
+    ) -> None:
+        """out = norm(rows) projected onto W (and b) per head."""
+        num_nodes, num_heads, head_dim = rows.shape
+        if num_nodes == 0:
+            return
+        project_rows_kernel[(cdiv(num_nodes, self.plan.node_block), num_heads)](
+            rows, *_or(rows, norm_weight, norm_bias), *self._weight_args(rows), out,
+            num_nodes, num_heads, head_dim, eps,
+            NORM=norm, HAS_NORM_WEIGHT=norm_weight is not None, HAS_NORM_BIAS=norm_bias is not None,
+            BLOCK_N=self.plan.node_block, BLOCK_D=self.block_d, BLOCK_C=max(16, next_power_of_2(head_dim)),
+            num_warps=self.plan.node_warps, **self.flags,
+        )  # fmt: skip
+
+    def add_expanded(
+        self,
+        sums: Tensor,  # [N, H, D + bias] fp32, rows sums.stride(0) apart
+        target: Tensor,  # [N, H, C], updated in place
+        query: Tensor | None = None,  # [N, H, C]: with a norm, sums W is a term of dq' (add_expanded_rows_kernel)
+        q_weight: Tensor | None = None,  # [C]
+        q_bias: Tensor | None = None,  # [C]
+        norm: int = 0,  # NORM_CODES
+        eps_q: float = 0.0,
+        partial: Tensor | None = None,  # [rows, width] fp32: the query norm's parameter-gradient partial rows
+        first_partial_row: int = 0,
+    ) -> None:
+        num_nodes, num_heads, head_dim = target.shape
+        if num_nodes == 0:
+            return
+        partial = partial if partial is not None else sums
+        add_expanded_rows_kernel[(cdiv(num_nodes, self.plan.node_block), num_heads)](
+            sums, sums.stride(0), *self._weight_args(sums), target, *_or(target, query, q_weight),
+            partial, partial.shape[1] if partial.dim() == 2 else 0, first_partial_row,
+            num_nodes, num_heads, head_dim, eps_q,
+            NORM=norm, HAS_Q_WEIGHT=q_weight is not None, HAS_Q_BIAS=q_bias is not None,
+            BLOCK_N=self.plan.node_block, BLOCK_D=self.block_d, BLOCK_C=max(16, next_power_of_2(head_dim)),
+            num_warps=self.plan.node_warps, **self.flags,
+        )  # fmt: skip
+
+    def edge_features_grad(
+        self,
+        edge_features: Tensor,  # [M, D]
+        csc_dst: Tensor,  # [M] int32
+        csc_edge_id: Tensor,  # [M] int32
+        attn: Tensor,  # [M, H] fp32
+        grad_attn: Tensor,  # [M, H] fp32
+        delta: Tensor,  # [N_dst, H] fp32
+        query_proj: Tensor,  # [N_dst, H, D + bias] fp32
+        grad_out_proj: Tensor,  # [N_dst, H, D + bias] fp32
+        sm_scale: float,
+    ) -> Tensor:  # [M, D] in edge_features' dtype
+        num_edges, edge_dim = edge_features.shape
+        grad = new_output(edge_features.shape, edge_features.dtype, edge_features.device)
+        if num_edges:
+            edge_features_grad_kernel[(cdiv(num_edges, self.plan.edge_block),)](
+                csc_dst, csc_edge_id, attn, grad_attn, delta, query_proj, grad_out_proj, grad,
+                num_edges, attn.shape[1], sm_scale,
+                D=edge_dim, D1=query_proj.shape[2], BLOCK_E=self.plan.edge_block,
+                BLOCK_D=next_power_of_2(edge_dim), num_warps=self.plan.edge_warps,
+            )  # fmt: skip
+        return grad
 
 
 def _edge_weight_grads(
@@ -318,6 +432,10 @@ def _edge_weight_grads(
     grad_weight = sums[: edge_weight.shape[0]].to(edge_weight.dtype, copy=True)
     grad_bias = sums[edge_weight.shape[0]].to(edge_bias.dtype, copy=True) if edge_bias is not None else None
     return grad_weight, grad_bias
+
+
+def _present(*tensors: Tensor | None) -> tuple[Tensor, ...]:
+    return tuple(t for t in tensors if t is not None)
 
 
 def _or(fallback: Tensor, *tensors: Tensor | None) -> list[Tensor]:
@@ -426,17 +544,21 @@ def _setup_context(ctx, inputs, output):
     tensors = inputs[:_TENSOR_INPUTS]
     layout = inputs[_TENSOR_INPUTS : _TENSOR_INPUTS + _LAYOUT_ARGS]
     ctx.qk_norm, ctx.eps_q, ctx.eps_k = inputs[_TENSOR_INPUTS + _LAYOUT_ARGS :]
-    ctx.save_for_backward(*tensors, output[1], *layout)
+    _out, lse, query_proj = output
+    ctx.save_for_backward(*tensors, lse, query_proj, *layout)
     edge_features = tensors[_EDGE_FEATURES_INPUT]
     ctx.edge_features_grad = edge_features is not None and edge_features.requires_grad
-    ctx.mark_non_differentiable(output[1])
+    ctx.mark_non_differentiable(lse, query_proj)
 
 
-def _backward(ctx, grad_out, _grad_lse, backward=torch.ops.gtnorm.graph_attention_backward):
+def _backward(ctx, grad_out, _grad_lse, _grad_query_proj, backward=torch.ops.gtnorm.graph_attention_backward):
     saved = ctx.saved_tensors  # once: under checkpointing each access unpacks them again
-    inputs, lse, layout = saved[:_TENSOR_INPUTS], saved[_TENSOR_INPUTS], saved[_TENSOR_INPUTS + 1 :]
+    inputs, layout = saved[:_TENSOR_INPUTS], saved[_TENSOR_INPUTS + 2 :]
+    lse, query_proj = saved[_TENSOR_INPUTS : _TENSOR_INPUTS + 2]
     edge_features_grad = ctx.edge_features_grad
-    grads = backward(grad_out, *inputs, lse, *layout, ctx.qk_norm, ctx.eps_q, ctx.eps_k, edge_features_grad)
+    grads = backward(
+        grad_out, *inputs, lse, query_proj, *layout, ctx.qk_norm, ctx.eps_q, ctx.eps_k, edge_features_grad
+    )
     # d edge_features is empty unless asked for: None there, as for absent inputs.
     needed = [t is not None for t in inputs]
     needed[_EDGE_FEATURES_INPUT] = edge_features_grad
@@ -465,14 +587,15 @@ class _EagerGraphAttention(torch.autograd.Function):
         return output
 
     @staticmethod
-    def backward(ctx, grad_out, grad_lse):
+    def backward(ctx, grad_out, grad_lse, grad_query_proj):
         backward = functools.partial(attention_backward, launch=ctx.launch)
-        return None, *_backward(ctx, grad_out, grad_lse, backward=backward)
+        return None, *_backward(ctx, grad_out, grad_lse, grad_query_proj, backward=backward)
 
 
-def graph_attention(*inputs, launch: AttentionLaunchConfig | None = None) -> tuple[Tensor, Tensor]:
-    """(out, lse) of the attention; inputs as :func:`attention_forward` takes them, ``launch`` the plan (None:
-    attention_launch_config's). The custom op where torch.compile traces, the same functions directly elsewhere."""
+def graph_attention(*inputs, launch: AttentionLaunchConfig | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, lse, query_proj) of the attention (:func:`attention_forward`); inputs as attention_forward takes them,
+    ``launch`` the plan (None: attention_launch_config's). The custom op where torch.compile traces, the same
+    functions directly elsewhere."""
     if torch.compiler.is_compiling():
         if launch is not None:
             raise ValueError("a launch plan cannot be passed through torch.compile: the custom ops run the default")

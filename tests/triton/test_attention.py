@@ -426,10 +426,10 @@ def test_opcheck(qk_norm):
     tensors = [inputs[k] for k in INPUT_NAMES[:4]] + [None] * 3 + [inputs[k] for k in PARAM_NAMES]
     forward_args = (*tensors, *layout_args, qk_norm, EPS, 2 * EPS)
     torch.library.opcheck(torch.ops.gtnorm.graph_attention_forward.default, forward_args)
-    _, lse = torch.ops.gtnorm.graph_attention_forward(*forward_args)
+    _, lse, query_proj = torch.ops.gtnorm.graph_attention_forward(*forward_args)
     detached = [t.detach() if t is not None else None for t in tensors]
     grad_out = torch.randn_like(detached[0])
-    backward_args = (grad_out, *detached, lse, *layout_args, qk_norm, EPS, 2 * EPS, False)
+    backward_args = (grad_out, *detached, lse, query_proj, *layout_args, qk_norm, EPS, 2 * EPS, False)
     torch.library.opcheck(torch.ops.gtnorm.graph_attention_backward.default, backward_args)
 
 
