@@ -164,7 +164,9 @@ def markdown(results: dict) -> str:
                 f"{m['max_rel_difference']:.1e}",
             ]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"Run time: {meta.get('wall_s', 0):.0f} s."]
+    worst = {name: max((row[mode]["ratio"] for row in results["rows"]), default=None) for mode, name in MODES.items()}
+    summary = ", ".join(f"{name} {ratio:.3f}" for name, ratio in worst.items() if ratio is not None)
+    lines += ["", f"Largest ratio: {summary} (target: at most 1.05).", f"Run time: {meta.get('wall_s', 0):.0f} s."]
     return "\n".join(lines) + "\n"
 
 
