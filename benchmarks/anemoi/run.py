@@ -6,6 +6,8 @@ autocast dtype): a training step (forward + backward, Anemoi's default gradient 
     python -m benchmarks.anemoi --out benchmarks/out/anemoi           # full set: level-6 and level-5 graphs
     python -m benchmarks.anemoi --quick                               # level 6, no norm and LayerNorm, fp16
 
+What finding layouts by content costs in these blocks: ``python -m benchmarks.anemoi.layout_reuse``.
+
 Needs a CUDA device and anemoi-models (its Triton backend runs on CUDA only). Graphs come from
 benchmarks/graphs/catalog.py (built and cached on first use). Writes results.json, results.md and results.png.
 """

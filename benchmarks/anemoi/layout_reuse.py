@@ -1,0 +1,223 @@
+"""What finding layouts by content costs inside Anemoi's blocks: gtnorm's drop-in as shipped, handed a fresh
+``edge_index`` clone every step (each new tensor costs a device compare and a host sync in
+gtnorm/triton/layout_cache.py), against the same module and inputs with every lookup served from the layouts
+prebuilt for its graph (benchmarks/anemoi/prebuilt_layouts.py: no compare, no sync). Per module: a training step
+(forward + backward, Anemoi's default gradient checkpointing) and inference (``torch.inference_mode``) under
+autocast, LayerNorm QK norm (Anemoi's default); median GPU time of each side, shipped / prebuilt, and the host
+time of one step from an idle GPU (until the call returns). Both sides' outputs and input gradients are compared
+before anything is timed.
+
+    python -m benchmarks.anemoi.layout_reuse --out benchmarks/out/anemoi-layout-reuse
+
+Needs a CUDA device and anemoi-models. Writes results.json and results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, replace
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+
+from benchmarks.anemoi.prebuilt_layouts import PrebuiltLayouts
+from benchmarks.anemoi.run import DTYPES, MODULES, ModelSpec, Problem, build_modules, make_problem
+from benchmarks.graphs.catalog import load_graph
+from benchmarks.graphs.measure import TimingSettings, clear_grads, free_memory, measure_call, relative_error
+from benchmarks.graphs.report import write_result_files
+
+SIDES = ("shipped", "prebuilt")
+MODES = {"train": "training step", "infer": "inference"}
+NORM = "layer"  # Anemoi's default QueryNorm / KeyNorm
+# Both sides run the same kernels on the same layout: only accumulation order outside gtnorm (cuBLAS, Anemoi's
+# scatters) may differ between calls.
+AGREEMENT = 1e-3
+
+
+def fresh_graph(problem: Problem) -> Problem:
+    """The problem with a new edge_index tensor of the same graph, as Anemoi's graph providers hand one per step."""
+    return replace(problem, edge_index=problem.edge_index.clone())
+
+
+def make_steps(module: torch.nn.Module, problem: Problem, dtype: torch.dtype, device: torch.device) -> dict:
+    """mode -> a call of one step that returns the module's output, each with a fresh edge_index."""
+
+    def infer() -> torch.Tensor:
+        module.eval()
+        with torch.inference_mode(), torch.autocast(device.type, dtype=dtype):
+            return fresh_graph(problem).forward(module)
+
+    grad_out = torch.randn_like(infer())  # outside inference_mode: a normal tensor
+
+    def train() -> torch.Tensor:
+        module.train()
+        with torch.autocast(device.type, dtype=dtype):
+            out = fresh_graph(problem).forward(module)
+        out.backward(grad_out)
+        return out
+
+    return {"train": train, "infer": infer}
+
+
+def host_ms(fn, device: torch.device, leaves, reps: int) -> float:
+    """Median time until ``fn`` returns, started on an idle device: what the host spends on a step, including any
+    wait for the device inside it."""
+    times = []
+    for _ in range(reps):
+        clear_grads(leaves)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    clear_grads(leaves)
+    return 1e3 * statistics.median(times)
+
+
+def _results(step, leaves, problem: Problem) -> list[torch.Tensor]:
+    """The step's output and the problem's input gradients (none in inference)."""
+    clear_grads(leaves)
+    out = step().detach().float()
+    grads = [t.grad.float() for t in problem.leaves() if t.grad is not None]
+    clear_grads(leaves)
+    return [out, *grads]
+
+
+def check_agreement(module, problem: Problem, steps: dict, prebuilt: PrebuiltLayouts) -> dict:
+    """Records the shipped lookups' layouts, then runs each step on both sides and compares: raises if the served
+    layouts are not the graph's or the results differ. Returns, per mode, the lookups per step and the results'
+    largest relative difference."""
+    leaves = [*problem.leaves(), *module.parameters()]
+    checked = {}
+    for mode, step in steps.items():
+        prebuilt.lookups = 0
+        with prebuilt.recording():
+            shipped = _results(step, leaves, problem)
+        lookups, prebuilt.lookups = prebuilt.lookups, 0
+        with prebuilt.serving(check=True):
+            served = _results(step, leaves, problem)
+        if prebuilt.lookups != lookups or lookups == 0:
+            raise RuntimeError(f"{mode}: {lookups} shipped lookups per step but {prebuilt.lookups} served")
+        difference = max(relative_error(s, p) for s, p in zip(shipped, served, strict=True))
+        if difference > AGREEMENT:
+            raise RuntimeError(f"{mode}: shipped and prebuilt results differ by {difference:.2e}")
+        checked[mode] = {"lookups_per_step": lookups, "max_rel_difference": difference}
+    return checked
+
+
+def measure_row(module, problem: Problem, dtype, settings: TimingSettings, device, rounds: int, host_reps: int):
+    """Both sides' times per mode, measured in ``rounds`` alternating rounds (the side first in one round is
+    second in the next); ms and host_ms are the medians over rounds."""
+    steps = make_steps(module, problem, dtype, device)
+    prebuilt = PrebuiltLayouts()
+    row = {mode: check_agreement(module, problem, steps, prebuilt)[mode] for mode in MODES}
+    leaves = {"train": [*problem.leaves(), *module.parameters()], "infer": []}
+    sides = {"shipped": nullcontext, "prebuilt": prebuilt.serving}
+    for mode in MODES:
+        row[mode] |= {side: {"ms": [], "host_ms": []} for side in SIDES}
+    for round_index in range(rounds):
+        for side in SIDES if round_index % 2 == 0 else SIDES[::-1]:
+            with sides[side]():
+                for mode, step in steps.items():
+                    measured = measure_call(step, device, settings, leaves[mode])
+                    if not measured.ok:
+                        raise RuntimeError(f"{side} {mode}: {measured.status}")
+                    row[mode][side]["ms"].append(measured.ms)
+                    row[mode][side]["host_ms"].append(host_ms(step, device, leaves[mode], host_reps))
+    for mode in MODES:
+        for side in SIDES:
+            row[mode][side] |= {f"median_{k}": statistics.median(row[mode][side][k]) for k in ("ms", "host_ms")}
+        row[mode]["ratio"] = row[mode]["shipped"]["median_ms"] / row[mode]["prebuilt"]["median_ms"]
+    return row
+
+
+def markdown(results: dict) -> str:
+    meta = results["meta"]
+    lines = [
+        "# Layouts found by content vs handed over, inside Anemoi's blocks",
+        "",
+        f"{meta['device']}; torch {meta['torch']}, anemoi-models {meta['anemoi_models']}; {meta['dtype']} autocast, "
+        f"LayerNorm QK norm, batch 1, gradient checkpointing on. Shipped: gtnorm.anemoi as it is, a fresh edge_index "
+        "clone every step (layouts found by content: a device compare and a host sync per new tensor). Prebuilt: the "
+        "same module and inputs, every lookup served from the layouts recorded for the graph. ms: median GPU time "
+        f"(do_bench), median over {meta['rounds']} alternating rounds; ratio = shipped / prebuilt. Host ms: one "
+        "step from an idle GPU until the call returns. Lookups: layout lookups per step. Difference: largest "
+        "relative difference of outputs and input gradients between the sides.",
+        "",
+        "| module | edges | mode | lookups | ms shipped | ms prebuilt | ratio | host ms shipped | host ms prebuilt "
+        "| difference |",
+        "|" + " --- |" * 10,
+    ]
+    for row in results["rows"]:
+        for mode, name in MODES.items():
+            m = row[mode]
+            cells = [
+                row["module"], f"{row['edges']:,}", name, str(m["lookups_per_step"]),
+                f"{m['shipped']['median_ms']:.2f}", f"{m['prebuilt']['median_ms']:.2f}", f"{m['ratio']:.3f}",
+                f"{m['shipped']['median_host_ms']:.2f}", f"{m['prebuilt']['median_host_ms']:.2f}",
+                f"{m['max_rel_difference']:.1e}",
+            ]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    worst = {name: max((row[mode]["ratio"] for row in results["rows"]), default=None) for mode, name in MODES.items()}
+    summary = ", ".join(f"{name} {ratio:.3f}" for name, ratio in worst.items() if ratio is not None)
+    lines += ["", f"Largest ratio: {summary} (target: at most 1.05).", f"Run time: {meta.get('wall_s', 0):.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.anemoi.layout_reuse", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out/anemoi-layout-reuse"), help="output folder")
+    parser.add_argument("--modules", nargs="+", choices=list(MODULES), default=list(MODULES), help="rows to run")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="fp16", help="autocast dtype")
+    parser.add_argument("--rep-ms", type=float, default=200.0, help="do_bench's measuring budget per timing")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of both sides")
+    parser.add_argument("--host-reps", type=int, default=5, help="steps timed on the host per side and round")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.anemoi.layout_reuse needs a CUDA device")
+    device = torch.device("cuda")
+    spec = ModelSpec()
+    settings = TimingSettings(warmup_ms=25.0, rep_ms=args.rep_ms)
+    results = {
+        "meta": {
+            "device": torch.cuda.get_device_name(device),
+            "torch": torch.__version__,
+            "anemoi_models": version("anemoi-models"),
+            "model": asdict(spec),
+            "dtype": args.dtype,
+            "norm": NORM,
+            "rounds": args.rounds,
+        },
+        "rows": [],
+    }
+    start = time.perf_counter()
+    for name in args.modules:
+        kind, graph_name = MODULES[name]
+        problem = make_problem(spec, kind, load_graph(graph_name, verbose=True), device)
+        module = build_modules(spec, kind, NORM, device)["gtnorm"]
+        row = measure_row(module, problem, DTYPES[args.dtype], settings, device, args.rounds, args.host_reps)
+        results["rows"].append({"module": name, "graph": graph_name, "edges": problem.edge_index.shape[1], **row})
+        print(f"[{time.perf_counter() - start:6.0f} s] {name} done", flush=True)
+        del module, problem
+        free_memory()
+    results["meta"]["wall_s"] = time.perf_counter() - start
+    text = markdown(results)
+    write_result_files(results, args.out, text)
+    print(text)
+    return results
+
+
+if __name__ == "__main__":
+    main()
