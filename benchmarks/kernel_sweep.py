@@ -45,11 +45,14 @@ def parse_setting(spec: str):
 
     Parts split by ``/``: ``fwd``, ``dst``, ``src`` or ``bwd`` (both backward passes) followed by fields
     ``h`` (heads per program), ``w`` (warps), ``e`` (edges per program), ``s`` (pipeline stages), ``r`` (register
-    cap per thread).
+    cap per thread); or ``prj`` (the edge projection's node-block and d edge_features kernels) with ``p`` and ``x``
+    (nodes per program projecting and expanding), ``w`` (their warps), ``e`` (edges per program of d
+    edge_features).
     ``default`` changes nothing.
     """
     fields = {"h": "block_h", "w": "num_warps", "e": "edges_per_program", "s": "num_stages", "r": "max_registers"}
-    kernels = {"fwd": ("forward",), "dst": ("by_destination",), "src": ("by_source",)}
+    projection_fields = {"p": "project_block", "x": "expand_block", "w": "node_warps", "e": "edge_block"}
+    kernels = {"fwd": ("forward",), "dst": ("by_destination",), "src": ("by_source",), "prj": ("projection",)}
     kernels["bwd"] = kernels["dst"] + kernels["src"]
 
     def change(cfg, num_heads):
@@ -57,7 +60,8 @@ def parse_setting(spec: str):
             if part == "default":
                 continue
             target, _, values = part.partition(":")
-            updates = {fields[v[0]]: int(v[1:]) for v in values.split(",")}
+            names = projection_fields if target == "prj" else fields
+            updates = {names[v[0]]: int(v[1:]) for v in values.split(",")}
             if "block_h" in updates:
                 updates["head_groups"] = triton.cdiv(num_heads, updates["block_h"])
             for attr in kernels[target]:

@@ -29,12 +29,14 @@ _BACKWARD_EDGES_PER_PROGRAM = 16
 # The by-destination pass holds the most state; capped at 160 registers, 12 rather than 11 one-warp programs
 # fit an SM (65536 registers), which paid more than the compiler's own choice (185, no spills either way).
 _BY_DESTINATION_MAX_REGISTERS = 160
-# With the fused edge projection that pass carries two more [heads, D + 1] tiles; v9's sweeps over W's rows per node
-# spilled under the cap (benchmarks/NOTES.md, v9), v10's node-block products took them out of the pass.
-_BY_DESTINATION_PROJECTION_ROW_SLICE = 256
+# With the fused edge projection that pass carries two more [heads, D + 1] tiles and loads two more per edge: under
+# the cap it spilled; the compiler's own register count (~235) measured 11-18 % faster than the cap of 160 and
+# than 4 heads per program (benchmarks/NOTES.md, v10).
 # The fused edge projection's node-block products (node_projection_kernels.py): nodes per program (tl.dot needs
-# 16 rows at least), and the d edge_features pass (edge_features_grad_kernel.py): edges per program.
-_PROJECTION_NODE_BLOCK = 32
+# 16 rows at least; projecting reads one tensor, expanding two and writes one: 64 and 32 measured best, 16 was
+# 1.3-2x slower, NOTES v10), and the d edge_features pass (edge_features_grad_kernel.py): edges per program.
+_PROJECT_NODE_BLOCK = 64
+_EXPAND_NODE_BLOCK = 32
 _PROJECTION_EDGE_BLOCK = 128
 # The forward pipelines its per-node edge loop only where nodes have many edges (encoders, ~16): on the
 # decoder's 3-edge nodes the pipeline's fill cost more than it hid (NOTES.md, v2).
@@ -71,7 +73,8 @@ class KernelLaunch:
 class ProjectionLaunch:
     """The fused edge projection's kernels besides the edge walks."""
 
-    node_block: int = _PROJECTION_NODE_BLOCK  # nodes per program of the node-block products (>= 16: tl.dot)
+    project_block: int = _PROJECT_NODE_BLOCK  # nodes per program of the projections (>= 16: tl.dot)
+    expand_block: int = _EXPAND_NODE_BLOCK  # nodes per program of the expansions (>= 16)
     node_warps: int = 4
     edge_block: int = _PROJECTION_EDGE_BLOCK  # edges per program of the d edge_features pass
     edge_warps: int = 4
@@ -113,7 +116,7 @@ def attention_launch_config(num_heads: int, head_dim: int, edge_projection: bool
     per_program = _BACKWARD_EDGES_PER_PROGRAM
     by_destination = dict(row_slice=_BY_DESTINATION_ROW_SLICE, max_registers=_BY_DESTINATION_MAX_REGISTERS)
     if edge_projection:
-        by_destination = dict(row_slice=_BY_DESTINATION_PROJECTION_ROW_SLICE, max_registers=0)
+        by_destination = dict(row_slice=_BY_DESTINATION_ROW_SLICE, max_registers=0)
     return AttentionLaunchConfig(
         block_c=block_c,
         forward=_launch(

@@ -8,8 +8,9 @@ contributes is a product of one of its rows with W's slice of each head, never a
 
 Inside the edge walks these were per-node sweeps over W's D + 1 rows: ~100 KiB of L1/L2 loads per node at
 16 x 64, D = 11, more than all of a 3-edge node's other traffic, and registers that made the by-destination pass
-spill (benchmarks/NOTES.md, v9). Here a program takes BLOCK_N nodes of one head, loads W's [C, D + 1] slice once,
-and tl.dot does the products; the walks only load and store [H, D + 1] fp32 rows per node.
+spill (benchmarks/NOTES.md, v9). Here a program takes BLOCK_N whole rows (every head: one contiguous stretch of
+memory), loads each head's [C, D + 1] slice of W once for them, and tl.dot does the products; the walks only load
+and store [H, D + 1] fp32 rows per node. (One head per program was 3x slower: ~200k programs of 4 KiB each.)
 
 Expanding into a row that another kernel wrote (out, dq) rounds a 16-bit row twice, once per part; float32 rows
 are exact to tf32x3's products.
@@ -40,13 +41,13 @@ def _extended_weight_tile(
 
 
 @triton.jit
-def _node_block(num_nodes, head, H, C, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+def _node_block(num_nodes, H, C, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
     """This program's block of nodes: their int64 indices [BLOCK_N], mask, and the [BLOCK_N, BLOCK_C] offsets
-    and mask of their rows of ``head`` in an [N, H, C] tensor."""
+    (of head 0) and mask of their rows in an [N, H, C] tensor."""
     nodes = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     node_mask = nodes < num_nodes
     offs_c = tl.arange(0, BLOCK_C)
-    row_offsets = nodes[:, None] * (H * C) + head * C + offs_c[None, :]
+    row_offsets = nodes[:, None] * (H * C) + offs_c[None, :]
     return nodes, node_mask, row_offsets, node_mask[:, None] & (offs_c[None, :] < C)
 
 
@@ -74,22 +75,23 @@ def project_rows_kernel(
     BLOCK_C: tl.constexpr,  # C padded to a power of two, at least 16 (tl.dot)
 ):
     """proj[n, h, d] = <norm(rows[n, h]), W_d,h> for d < D, and <norm(rows[n, h]), b_h> at d = D with a bias."""
-    head = tl.program_id(1)
-    nodes, node_mask, row_offsets, row_mask = _node_block(num_nodes, head, H, C, BLOCK_N, BLOCK_C)
-    rows = tl.load(rows_ptr + row_offsets, mask=row_mask, other=0.0).to(tl.float32)
-    if NORM != NORM_NONE:
-        w = load_norm_param(norm_weight_ptr, C, HAS_NORM_WEIGHT, 1.0, BLOCK_C)
-        b = load_norm_param(norm_bias_ptr, C, HAS_NORM_BIAS, 0.0, BLOCK_C)
-        rows = normalize_heads(rows, w[None, :], b[None, :], row_mask, C, eps, NORM)
-    weights = _extended_weight_tile(
-        edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, head, C, D, HAS_EDGE_BIAS, BLOCK_D, BLOCK_C
-    )
-    # tf32x3: fp32 accuracy (three tf32 products) at tensor-core speed; plain tf32 would round to ~1e-3.
-    proj = tl.dot(rows, tl.trans(weights), input_precision="tf32x3")  # [BLOCK_N, BLOCK_D]
+    nodes, node_mask, row_offsets, row_mask = _node_block(num_nodes, H, C, BLOCK_N, BLOCK_C)
+    w = load_norm_param(norm_weight_ptr, C, HAS_NORM_WEIGHT, 1.0, BLOCK_C)
+    b = load_norm_param(norm_bias_ptr, C, HAS_NORM_BIAS, 0.0, BLOCK_C)
     d1 = D + HAS_EDGE_BIAS
     offs_d = tl.arange(0, BLOCK_D)
-    proj_offsets = nodes[:, None] * (H * d1) + head * d1 + offs_d[None, :]
-    tl.store(proj_ptr + proj_offsets, proj, mask=node_mask[:, None] & (offs_d[None, :] < d1))
+    proj_offsets = nodes[:, None] * (H * d1) + offs_d[None, :]
+    proj_mask = node_mask[:, None] & (offs_d[None, :] < d1)
+    for head in range(H):
+        rows = tl.load(rows_ptr + row_offsets + head * C, mask=row_mask, other=0.0).to(tl.float32)
+        if NORM != NORM_NONE:
+            rows = normalize_heads(rows, w[None, :], b[None, :], row_mask, C, eps, NORM)
+        weights = _extended_weight_tile(
+            edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, head, C, D, HAS_EDGE_BIAS, BLOCK_D, BLOCK_C
+        )
+        # tf32x3: fp32 accuracy (three tf32 products) at tensor-core speed; plain tf32 would round to ~1e-3.
+        proj = tl.dot(rows, tl.trans(weights), input_precision="tf32x3")  # [BLOCK_N, BLOCK_D]
+        tl.store(proj_ptr + proj_offsets + head * d1, proj, mask=proj_mask)
 
 
 @triton.jit
@@ -124,30 +126,33 @@ def add_expanded_rows_kernel(
     With a norm, sums W is a term of dL/dq' and what is added is its image under the query norm's backward (which
     is linear in dL/dq'), with its terms of the norm's weight and bias gradients in this program's row of the
     partials (row first_partial_row + program: after the by-destination pass's rows)."""
-    head = tl.program_id(1)
-    nodes, node_mask, row_offsets, row_mask = _node_block(num_nodes, head, H, C, BLOCK_N, BLOCK_C)
+    nodes, node_mask, row_offsets, row_mask = _node_block(num_nodes, H, C, BLOCK_N, BLOCK_C)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_c = tl.arange(0, BLOCK_C)
     d1 = D + HAS_EDGE_BIAS
-    sums = tl.load(
-        sums_ptr + nodes[:, None] * sums_row_stride + head * d1 + offs_d[None, :],
-        mask=node_mask[:, None] & (offs_d[None, :] < d1), other=0.0,
-    )  # fmt: skip
-    weights = _extended_weight_tile(
-        edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, head, C, D, HAS_EDGE_BIAS, BLOCK_D, BLOCK_C
-    )
-    rows = tl.dot(sums, weights, input_precision="tf32x3")  # [BLOCK_N, BLOCK_C]
+    sums_offsets = nodes[:, None] * sums_row_stride + offs_d[None, :]
+    sums_mask = node_mask[:, None] & (offs_d[None, :] < d1)
+    w = load_norm_param(q_weight_ptr, C, HAS_Q_WEIGHT, 1.0, BLOCK_C)
+    grad_w = tl.zeros([BLOCK_C], tl.float32)
+    grad_b = tl.zeros([BLOCK_C], tl.float32)
+    for head in range(H):
+        sums = tl.load(sums_ptr + sums_offsets + head * d1, mask=sums_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        weights = _extended_weight_tile(
+            edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, head, C, D, HAS_EDGE_BIAS, BLOCK_D, BLOCK_C
+        )
+        rows = tl.dot(sums, weights, input_precision="tf32x3")  # [BLOCK_N, BLOCK_C]
+        if NORM != NORM_NONE:
+            q_raw = tl.load(query_ptr + row_offsets + head * C, mask=row_mask, other=0.0).to(tl.float32)
+            mean, rstd = norm_stats(q_raw, row_mask, C, eps_q, NORM)
+            grad_q_norm = rows
+            rows, q_hat = normalize_heads_backward(q_raw, mean, rstd, w[None, :], grad_q_norm, row_mask, C, NORM)
+            grad_w += tl.sum(grad_q_norm * q_hat, axis=0)
+            grad_b += tl.sum(grad_q_norm, axis=0)
+        target = tl.load(target_ptr + row_offsets + head * C, mask=row_mask, other=0.0).to(tl.float32)
+        tl.store(target_ptr + row_offsets + head * C, (target + rows).to(target_ptr.dtype.element_ty), mask=row_mask)
     if NORM != NORM_NONE:
-        q_raw = tl.load(query_ptr + row_offsets, mask=row_mask, other=0.0).to(tl.float32)
-        w = load_norm_param(q_weight_ptr, C, HAS_Q_WEIGHT, 1.0, BLOCK_C)
-        mean, rstd = norm_stats(q_raw, row_mask, C, eps_q, NORM)
-        grad_q_norm = rows
-        rows, q_hat = normalize_heads_backward(q_raw, mean, rstd, w[None, :], grad_q_norm, row_mask, C, NORM)
-        offs_c = tl.arange(0, BLOCK_C)
-        partial_row = first_partial_row + tl.program_id(0) * tl.num_programs(1) + head
-        row_ptr = param_grad_partial_ptr + partial_row.to(tl.int64) * partial_width
+        row_ptr = param_grad_partial_ptr + (first_partial_row + tl.program_id(0)).to(tl.int64) * partial_width
         if HAS_Q_WEIGHT:
-            tl.store(row_ptr + offs_c, tl.sum(grad_q_norm * q_hat, axis=0), mask=offs_c < C)
+            tl.store(row_ptr + offs_c, grad_w, mask=offs_c < C)
         if HAS_Q_BIAS:
-            tl.store(row_ptr + (partial_width - C) + offs_c, tl.sum(grad_q_norm, axis=0), mask=offs_c < C)
-    target = tl.load(target_ptr + row_offsets, mask=row_mask, other=0.0).to(tl.float32)
-    tl.store(target_ptr + row_offsets, (target + rows).to(target_ptr.dtype.element_ty), mask=row_mask)
+            tl.store(row_ptr + (partial_width - C) + offs_c, grad_b, mask=offs_c < C)

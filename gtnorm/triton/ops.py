@@ -229,7 +229,7 @@ def attention_backward(
     # With the edge projection, e's term of dq' passes the query norm's backward for blocks of nodes, whose
     # programs add their own partial rows after the by-destination pass's.
     q_partial_rows = dst_programs * by_dst.head_groups
-    q_partial_rows += projection.programs(num_dst, num_heads) if edge_proj and normed else 0
+    q_partial_rows += projection.programs(num_dst) if edge_proj and normed else 0
     q_partial = new_output((q_partial_rows, q_partial_width), torch.float32, device)
     k_partial = new_output((src_programs * by_src.head_groups, k_partial_width), torch.float32, device)
     flags = dict(
@@ -304,7 +304,7 @@ def _edge_projection_flags(edge_features: Tensor | None, edge_bias: Tensor | Non
 
 def _extended_dim(edge_features: Tensor, edge_bias: Tensor | None) -> int:
     """D + 1 with a bias (its extra row of W, edge_projection.py), else D."""
-    return edge_features.shape[1] + (edge_bias is not None)
+    return edge_features.shape[1] + int(edge_bias is not None)  # int: a SymInt plus a bool fails under tracing
 
 
 class _Projection:
@@ -326,8 +326,9 @@ class _Projection:
     def _weight_args(self, fallback: Tensor) -> list:
         return [self.weight, self.bias if self.bias is not None else fallback, *self.weight.stride()]
 
-    def programs(self, num_nodes: int, num_heads: int) -> int:
-        return cdiv(num_nodes, self.plan.node_block) * num_heads
+    def programs(self, num_nodes: int) -> int:
+        """Programs of add_expanded (each writes one row of parameter-gradient partials)."""
+        return cdiv(num_nodes, self.plan.expand_block)
 
     def project(
         self,
@@ -342,11 +343,11 @@ class _Projection:
         num_nodes, num_heads, head_dim = rows.shape
         if num_nodes == 0:
             return
-        project_rows_kernel[(cdiv(num_nodes, self.plan.node_block), num_heads)](
+        project_rows_kernel[(cdiv(num_nodes, self.plan.project_block),)](
             rows, *_or(rows, norm_weight, norm_bias), *self._weight_args(rows), out,
             num_nodes, num_heads, head_dim, eps,
             NORM=norm, HAS_NORM_WEIGHT=norm_weight is not None, HAS_NORM_BIAS=norm_bias is not None,
-            BLOCK_N=self.plan.node_block, BLOCK_D=self.block_d, BLOCK_C=max(16, next_power_of_2(head_dim)),
+            BLOCK_N=self.plan.project_block, BLOCK_D=self.block_d, BLOCK_C=max(16, next_power_of_2(head_dim)),
             num_warps=self.plan.node_warps, **self.flags,
         )  # fmt: skip
 
@@ -366,12 +367,12 @@ class _Projection:
         if num_nodes == 0:
             return
         partial = partial if partial is not None else sums
-        add_expanded_rows_kernel[(cdiv(num_nodes, self.plan.node_block), num_heads)](
+        add_expanded_rows_kernel[(self.programs(num_nodes),)](
             sums, sums.stride(0), *self._weight_args(sums), target, *_or(target, query, q_weight),
             partial, partial.shape[1] if partial.dim() == 2 else 0, first_partial_row,
             num_nodes, num_heads, head_dim, eps_q,
             NORM=norm, HAS_Q_WEIGHT=q_weight is not None, HAS_Q_BIAS=q_bias is not None,
-            BLOCK_N=self.plan.node_block, BLOCK_D=self.block_d, BLOCK_C=max(16, next_power_of_2(head_dim)),
+            BLOCK_N=self.plan.expand_block, BLOCK_D=self.block_d, BLOCK_C=max(16, next_power_of_2(head_dim)),
             num_warps=self.plan.node_warps, **self.flags,
         )  # fmt: skip
 
