@@ -30,7 +30,9 @@ def kernels_interpreted() -> bool | None:
     """How gtnorm's Triton kernels were defined: True for the interpreter, False compiled, None not yet (their
     modules are not imported, so the next import follows ``TRITON_INTERPRET`` as it is then)."""
     global _kernels_interpreted
-    if _kernels_interpreted is None:
+    # Not while torch.compile traces: dynamo cannot check a kernel's type, and the first call of a model may be a
+    # compiled one (None here just means no mismatch can be seen yet).
+    if _kernels_interpreted is None and not torch.compiler.is_compiling():
         helpers = sys.modules.get(_KERNEL_HELPERS_MODULE)
         if helpers is not None:
             from triton.runtime.jit import JITFunction, KernelInterface
