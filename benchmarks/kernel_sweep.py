@@ -32,7 +32,7 @@ KERNELS = {
     "graph_attention_forward_kernel": "fwd",
     "edge_softmax_backward_by_destination_kernel": "by_dst",
     "edge_softmax_backward_by_source_kernel": "by_src",
-    "projection_node_grad_kernel": "dW",  # with e's term of dq
+    "edge_weight_grad_kernel": "dW",
     # The fused edge projection's node-block products (forward and backward calls together) and d edge_features.
     "project_rows_kernel": "proj",
     "add_expanded_rows_kernel": "expand",

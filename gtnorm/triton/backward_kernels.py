@@ -28,9 +28,9 @@ parameter gradients are bitwise reproducible.
 With EDGE_PROJ (e = x W + b from raw attributes x, edge_projection.py) neither pass reads or writes an [H, C] row
 per edge. Pass 1 takes e's terms of the scores and of da from the edge's D attributes and the node's q' and dO
 projected onto W ([H, D + 1] per node, node_projection_kernels.py), and leaves per destination
-P = sum_j a x and S = sum_j dS x / sqrt(C): S W is e's term of dq', and P and S give dW and db (both for blocks of
-destinations, projection_node_grad_kernel.py); a and da give d edge_features (edge_features_grad_kernel.py).
-Pass 2 is then the one without edge features.
+P = sum_j a x and S = sum_j dS x / sqrt(C): S W is e's term of dq' (added with the norm's backward for blocks of
+nodes, node_projection_kernels.py), and P and S give dW and db (edge_weight_grad_kernel.py) and, with a and da,
+d edge_features (edge_features_grad_kernel.py). Pass 2 is then the one without edge features.
 """
 
 import triton

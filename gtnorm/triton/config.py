@@ -78,11 +78,6 @@ class ProjectionLaunch:
     node_warps: int = 4
     edge_block: int = _PROJECTION_EDGE_BLOCK  # edges per program of the d edge_features pass
     edge_warps: int = 4
-    # The per-destination backward (projection_node_grad_kernel.py): destinations per tile, and programs per SM
-    # (over all heads: each program takes one head). A few per SM fill the GPU; more would only add [D + 1, C] fp32
-    # partial blocks to sum (8 per SM: ~3 MB at Anemoi's sizes).
-    grad_block: int = 32
-    grad_programs_per_sm: int = 8
 
 
 @dataclass(frozen=True)

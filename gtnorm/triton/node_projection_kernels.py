@@ -4,8 +4,7 @@ Every use of the edge features e_ij = x_ij W + b is linear in them (edge_project
 contributes is a product of one of its rows with W's slice of each head, never an edge's:
 
     projection  [C] x [C, D + 1] -> [D + 1]:  <q'_i, W_d> (forward scores), <dO_i, W_d> (backward);
-    expansion   [D + 1] x [D + 1, C] -> [C]:  (sum_j p_ij x_ij) W (forward messages), S_i W (dq':
-                projection_node_grad_kernel.py, with the edge weights' gradient).
+    expansion   [D + 1] x [D + 1, C] -> [C]:  (sum_j p_ij x_ij) W (forward messages), S_i W (dq').
 
 Inside the edge walks these were per-node sweeps over W's D + 1 rows: ~100 KiB of L1/L2 loads per node at
 16 x 64, D = 11, more than all of a 3-edge node's other traffic, and registers that made the by-destination pass
@@ -13,18 +12,18 @@ spill (benchmarks/NOTES.md, v9). Here a program takes BLOCK_N whole rows (every 
 memory), loads each head's [C, D + 1] slice of W once for them, and tl.dot does the products; the walks only load
 and store [H, D + 1] fp32 rows per node. (One head per program was 3x slower: ~200k programs of 4 KiB each.)
 
-Expanding into a row that another kernel wrote (out) rounds a 16-bit row twice, once per part; float32 rows are
-exact to tf32x3's products.
+Expanding into a row that another kernel wrote (out, dq) rounds a 16-bit row twice, once per part; float32 rows
+are exact to tf32x3's products.
 """
 
 import triton
 import triton.language as tl
 
-from gtnorm.triton.tiles import NORM_NONE, load_norm_param, normalize_heads
+from gtnorm.triton.tiles import NORM_NONE, load_norm_param, norm_stats, normalize_heads, normalize_heads_backward
 
 
 @triton.jit
-def extended_weight_tile(
+def _extended_weight_tile(
     weight_ptr, bias_ptr, w_stride_d, w_stride_hc, head, C, D: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
@@ -87,7 +86,7 @@ def project_rows_kernel(
         rows = tl.load(rows_ptr + row_offsets + head * C, mask=row_mask, other=0.0).to(tl.float32)
         if NORM != NORM_NONE:
             rows = normalize_heads(rows, w[None, :], b[None, :], row_mask, C, eps, NORM)
-        weights = extended_weight_tile(
+        weights = _extended_weight_tile(
             edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, head, C, D, HAS_EDGE_BIAS, BLOCK_D, BLOCK_C
         )
         # tf32x3: fp32 accuracy (three tf32 products) at tensor-core speed; plain tf32 would round to ~1e-3.
@@ -97,32 +96,63 @@ def project_rows_kernel(
 
 @triton.jit
 def add_expanded_rows_kernel(
-    sums_ptr,  # [N, H, D1] fp32
+    sums_ptr,  # [N, ..., H, D1] fp32: rows sums_row_stride apart, each [H, D1]
+    sums_row_stride,
     edge_weight_ptr,  # [D, H * C], strides (w_stride_d, w_stride_hc)
     edge_bias_ptr,  # [H * C] (unused without HAS_EDGE_BIAS)
     w_stride_d,
     w_stride_hc,
     target_ptr,  # [N, H, C], read and written
+    query_ptr,  # [N, H, C] the raw query (unused with NORM_NONE)
+    q_weight_ptr,  # [C] (unused without HAS_Q_WEIGHT)
+    param_grad_partial_ptr,  # [programs, partial_width] fp32 out (unused with NORM_NONE)
+    partial_width,
+    first_partial_row,
     num_nodes,
     H,
     C,
+    eps_q,
     D: tl.constexpr,
     HAS_EDGE_BIAS: tl.constexpr,
+    NORM: tl.constexpr,  # tiles.NORM_*; NORM_NONE: target += sums W
+    HAS_Q_WEIGHT: tl.constexpr,
+    HAS_Q_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,  # D1 padded to a power of two, at least 16 (tl.dot)
     BLOCK_C: tl.constexpr,  # C padded to a power of two, at least 16 (tl.dot)
 ):
-    """target[n, h] += sums[n, h] W_h: the forward's messages from the edges' features."""
+    """target[n, h] += sums[n, h] W_h: the forward's messages from the edges' features (NORM_NONE).
+
+    With a norm, sums W is a term of dL/dq' and what is added is its image under the query norm's backward (which
+    is linear in dL/dq'), with its terms of the norm's weight and bias gradients in this program's row of the
+    partials (row first_partial_row + program: after the by-destination pass's rows)."""
     nodes, node_mask, row_offsets, row_mask = _node_block(num_nodes, H, C, BLOCK_N, BLOCK_C)
-    d1 = D + HAS_EDGE_BIAS
     offs_d = tl.arange(0, BLOCK_D)
-    sums_offsets = nodes[:, None] * (H * d1) + offs_d[None, :]
+    offs_c = tl.arange(0, BLOCK_C)
+    d1 = D + HAS_EDGE_BIAS
+    sums_offsets = nodes[:, None] * sums_row_stride + offs_d[None, :]
     sums_mask = node_mask[:, None] & (offs_d[None, :] < d1)
+    w = load_norm_param(q_weight_ptr, C, HAS_Q_WEIGHT, 1.0, BLOCK_C)
+    grad_w = tl.zeros([BLOCK_C], tl.float32)
+    grad_b = tl.zeros([BLOCK_C], tl.float32)
     for head in range(H):
         sums = tl.load(sums_ptr + sums_offsets + head * d1, mask=sums_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-        weights = extended_weight_tile(
+        weights = _extended_weight_tile(
             edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, head, C, D, HAS_EDGE_BIAS, BLOCK_D, BLOCK_C
         )
         rows = tl.dot(sums, weights, input_precision="tf32x3")  # [BLOCK_N, BLOCK_C]
+        if NORM != NORM_NONE:
+            q_raw = tl.load(query_ptr + row_offsets + head * C, mask=row_mask, other=0.0).to(tl.float32)
+            mean, rstd = norm_stats(q_raw, row_mask, C, eps_q, NORM)
+            grad_q_norm = rows
+            rows, q_hat = normalize_heads_backward(q_raw, mean, rstd, w[None, :], grad_q_norm, row_mask, C, NORM)
+            grad_w += tl.sum(grad_q_norm * q_hat, axis=0)
+            grad_b += tl.sum(grad_q_norm, axis=0)
         target = tl.load(target_ptr + row_offsets + head * C, mask=row_mask, other=0.0).to(tl.float32)
         tl.store(target_ptr + row_offsets + head * C, (target + rows).to(target_ptr.dtype.element_ty), mask=row_mask)
+    if NORM != NORM_NONE:
+        row_ptr = param_grad_partial_ptr + (first_partial_row + tl.program_id(0)).to(tl.int64) * partial_width
+        if HAS_Q_WEIGHT:
+            tl.store(row_ptr + offs_c, grad_w, mask=offs_c < C)
+        if HAS_Q_BIAS:
+            tl.store(row_ptr + (partial_width - C) + offs_c, grad_b, mask=offs_c < C)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -33,14 +32,19 @@ from gtnorm.triton.config import (
     next_power_of_2,
 )
 from gtnorm.triton.edge_features_grad_kernel import edge_features_grad_kernel
+from gtnorm.triton.edge_weight_grad_kernel import edge_weight_grad_kernel
 from gtnorm.triton.forward_kernel import graph_attention_forward_kernel
 from gtnorm.triton.node_projection_kernels import add_expanded_rows_kernel, project_rows_kernel
 from gtnorm.triton.partial_sum_kernel import column_sum_kernel
-from gtnorm.triton.projection_node_grad_kernel import projection_node_grad_kernel
 
 LOG2E = 1.4426950408889634
 # The ops' ``qk_norm`` names -> the kernels' NORM constexpr (tiles.NORM_NONE / NORM_RMS / NORM_LAYER).
 NORM_CODES = {"none": 0, "rms": 1, "layer": 2}
+# The edge weights' gradient (edge_weight_grad_kernel.py): destinations per tile, and programs per SM (over all
+# heads: each program takes one head). A few per SM fill the GPU; more would only add [D + 1, C] fp32 partial blocks
+# to sum (8 per SM: ~3 MB at Anemoi's sizes).
+_EDGE_WEIGHT_GRAD_BLOCK_N = 32
+_EDGE_WEIGHT_GRAD_PROGRAMS_PER_SM = 8
 
 
 def attention_forward(
@@ -222,11 +226,10 @@ def attention_backward(
     k_params = [k_norm_weight] if normed and k_norm_weight is not None else []  # no key bias: _norm_flags
     q_partial_width, k_partial_width = len(q_params) * head_dim, len(k_params) * head_dim
     projection = _Projection(edge_weight, edge_bias, launch.projection) if edge_proj else None
-    # With the edge projection, e's term of dq' passes the query norm's backward per destination
-    # (projection_node_grad_kernel.py), whose programs add their own partial rows after the by-destination pass's.
+    # With the edge projection, e's term of dq' passes the query norm's backward for blocks of nodes, whose
+    # programs add their own partial rows after the by-destination pass's.
     q_partial_rows = dst_programs * by_dst.head_groups
-    node_grad = projection.node_grad_plan(num_dst, num_heads, device) if edge_proj else None
-    q_partial_rows += node_grad.programs * num_heads if edge_proj and normed else 0
+    q_partial_rows += projection.programs(num_dst) if edge_proj and normed else 0
     q_partial = new_output((q_partial_rows, q_partial_width), torch.float32, device)
     k_partial = new_output((src_programs * by_src.head_groups, k_partial_width), torch.float32, device)
     flags = dict(
@@ -256,11 +259,10 @@ def attention_backward(
                 BLOCK_H=by_dst.block_h, NUM_STAGES=by_dst.num_stages, num_warps=by_dst.num_warps,
                 **by_dst.compile_options(), **flags,
             )  # fmt: skip
-        grad_edge_weight = grad_edge_bias = None
-        if edge_proj:  # dW, db, and e's term of dq' (S W through the query norm's backward)
-            grad_edge_weight, grad_edge_bias = projection.node_grads(
-                node_grad, feature_sums, query, grad_out, q_norm_weight, q_norm_bias, NORM_CODES[qk_norm], eps_q,
-                grad_query, q_partial, first_q_partial_row=dst_programs * by_dst.head_groups,
+        if edge_proj:  # e's term of dq': S W through the query norm's backward
+            projection.add_expanded(
+                feature_sums[:, 1], grad_query, query, q_norm_weight, q_norm_bias, NORM_CODES[qk_norm], eps_q,
+                q_partial, first_partial_row=dst_programs * by_dst.head_groups,
             )  # fmt: skip
         if src_programs:
             edge_softmax_backward_by_source_kernel[(src_programs, by_src.head_groups)](
@@ -281,6 +283,9 @@ def attention_backward(
             grad_edge_features = projection.edge_features_grad(
                 edge_features, csc_dst, csc_edge_id, attn, grad_attn, delta, query_proj, grad_out_proj, sm_scale
             )
+        grad_edge_weight, grad_edge_bias = _edge_weight_grads(
+            edge_weight, edge_bias, feature_sums, query, grad_out, q_norm_weight, q_norm_bias, qk_norm, eps_q
+        )
     return (
         grad_query, grad_key, grad_value, grad_edge_attr, grad_edge_features, grad_edge_weight, grad_edge_bias,
         grad_q_weight, grad_q_bias, grad_k_weight, grad_k_bias,
@@ -302,12 +307,6 @@ def _extended_dim(edge_features: Tensor, edge_bias: Tensor | None) -> int:
     return edge_features.shape[1] + int(edge_bias is not None)  # int: a SymInt plus a bool fails under tracing
 
 
-@dataclass(frozen=True)
-class NodeGradPlan:
-    programs: int  # along the destinations (times H heads)
-    nodes_per_program: int  # a multiple of the plan's grad_block
-
-
 class _Projection:
     """Launches of the fused edge projection's kernels besides the edge walks, for one weight and bias."""
 
@@ -327,13 +326,9 @@ class _Projection:
     def _weight_args(self, fallback: Tensor) -> list:
         return [self.weight, self.bias if self.bias is not None else fallback, *self.weight.stride()]
 
-    def node_grad_plan(self, num_nodes: int, num_heads: int, device) -> NodeGradPlan:
-        """Stretches of destinations of projection_node_grad_kernel: a few programs per SM over all heads."""
-        block_n = self.plan.grad_block
-        per_head = max(1, self.plan.grad_programs_per_sm * sm_count(device) // num_heads)
-        programs = max(1, min(cdiv(num_nodes, block_n), per_head))
-        nodes_per_program = cdiv(cdiv(max(num_nodes, 1), programs), block_n) * block_n
-        return NodeGradPlan(cdiv(max(num_nodes, 1), nodes_per_program), nodes_per_program)
+    def programs(self, num_nodes: int) -> int:
+        """Programs of add_expanded (each writes one row of parameter-gradient partials)."""
+        return cdiv(num_nodes, self.plan.expand_block)
 
     def project(
         self,
@@ -358,48 +353,28 @@ class _Projection:
 
     def add_expanded(
         self,
-        sums: Tensor,  # [N, H, D + bias] fp32
+        sums: Tensor,  # [N, H, D + bias] fp32, rows sums.stride(0) apart
         target: Tensor,  # [N, H, C], updated in place
+        query: Tensor | None = None,  # [N, H, C]: with a norm, sums W is a term of dq' (add_expanded_rows_kernel)
+        q_weight: Tensor | None = None,  # [C]
+        q_bias: Tensor | None = None,  # [C]
+        norm: int = 0,  # NORM_CODES
+        eps_q: float = 0.0,
+        partial: Tensor | None = None,  # [rows, width] fp32: the query norm's parameter-gradient partial rows
+        first_partial_row: int = 0,
     ) -> None:
-        """target += sums W per head."""
         num_nodes, num_heads, head_dim = target.shape
         if num_nodes == 0:
             return
-        add_expanded_rows_kernel[(cdiv(num_nodes, self.plan.expand_block),)](
-            sums, *self._weight_args(sums), target, num_nodes, num_heads, head_dim,
+        partial = partial if partial is not None else sums
+        add_expanded_rows_kernel[(self.programs(num_nodes),)](
+            sums, sums.stride(0), *self._weight_args(sums), target, *_or(target, query, q_weight),
+            partial, partial.shape[1] if partial.dim() == 2 else 0, first_partial_row,
+            num_nodes, num_heads, head_dim, eps_q,
+            NORM=norm, HAS_Q_WEIGHT=q_weight is not None, HAS_Q_BIAS=q_bias is not None,
             BLOCK_N=self.plan.expand_block, BLOCK_D=self.block_d, BLOCK_C=max(16, next_power_of_2(head_dim)),
             num_warps=self.plan.node_warps, **self.flags,
         )  # fmt: skip
-
-    def node_grads(
-        self,
-        plan: NodeGradPlan,
-        feature_sums: Tensor,  # [N_dst, 2, H, D + bias] fp32: P, S
-        query: Tensor,  # [N_dst, H, C]
-        grad_out: Tensor,  # [N_dst, H, C]
-        q_norm_weight: Tensor | None,  # [C]
-        q_norm_bias: Tensor | None,  # [C]
-        norm: int,  # NORM_CODES
-        eps_q: float,
-        grad_query: Tensor,  # [N_dst, H, C]: e's term of dq added in place
-        q_partial: Tensor,  # [rows, width] fp32: the query norm's parameter-gradient partial rows
-        first_q_partial_row: int,
-    ) -> tuple[Tensor, Tensor | None]:  # d edge_weight [D, H * C], d edge_bias [H * C]
-        num_dst, num_heads, head_dim = query.shape
-        extended_dim = feature_sums.shape[3]
-        partial = new_output((plan.programs, extended_dim, num_heads * head_dim), torch.float32, query.device)
-        projection_node_grad_kernel[(plan.programs, num_heads)](
-            feature_sums, query, grad_out, *self._weight_args(query), *_or(query, q_norm_weight, q_norm_bias),
-            grad_query, partial, q_partial, q_partial.shape[1], first_q_partial_row,
-            num_dst, plan.nodes_per_program, num_heads, head_dim, eps_q,
-            NORM=norm, HAS_Q_WEIGHT=q_norm_weight is not None, HAS_Q_BIAS=q_norm_bias is not None,
-            BLOCK_N=self.plan.grad_block, BLOCK_D=self.block_d, BLOCK_C=max(16, next_power_of_2(head_dim)),
-            **self.flags,
-        )  # fmt: skip
-        sums = partial.sum(dim=0)  # [D + bias, H * C], over the programs in a fixed order
-        grad_weight = sums[: self.edge_dim].to(self.weight.dtype, copy=True)
-        grad_bias = sums[self.edge_dim].to(self.bias.dtype, copy=True) if self.bias is not None else None
-        return grad_weight, grad_bias
 
     def edge_features_grad(
         self,
@@ -423,6 +398,41 @@ class _Projection:
                 BLOCK_D=next_power_of_2(edge_dim), num_warps=self.plan.edge_warps,
             )  # fmt: skip
         return grad
+
+
+def _edge_weight_grads(
+    edge_weight: Tensor | None,  # [D, H * C]
+    edge_bias: Tensor | None,  # [H * C]
+    feature_sums: Tensor,  # [N_dst, 2, H, D + bias] fp32
+    query: Tensor,  # [N_dst, H, C]
+    grad_out: Tensor,  # [N_dst, H, C]
+    q_norm_weight: Tensor | None,
+    q_norm_bias: Tensor | None,
+    qk_norm: str,
+    eps_q: float,
+) -> tuple[Tensor | None, Tensor | None]:
+    """(d edge_weight [D, H * C], d edge_bias [H * C]) from the by-destination pass's per-destination sums."""
+    if edge_weight is None:
+        return None, None
+    num_dst, num_heads, head_dim = query.shape
+    extended_dim = feature_sums.shape[3]
+    block_n = _EDGE_WEIGHT_GRAD_BLOCK_N
+    per_head = _EDGE_WEIGHT_GRAD_PROGRAMS_PER_SM * sm_count(query.device) // num_heads
+    programs = max(1, min(cdiv(num_dst, block_n), per_head))
+    nodes_per_program = cdiv(cdiv(max(num_dst, 1), programs), block_n) * block_n
+    programs = cdiv(max(num_dst, 1), nodes_per_program)
+    partial = new_output((programs, extended_dim, num_heads * head_dim), torch.float32, query.device)
+    edge_weight_grad_kernel[(programs, num_heads)](
+        feature_sums, query, grad_out, *_or(query, q_norm_weight, q_norm_bias), partial,
+        num_dst, nodes_per_program, num_heads, head_dim, eps_q,
+        D1=extended_dim, NORM=NORM_CODES[qk_norm], HAS_Q_WEIGHT=q_norm_weight is not None,
+        HAS_Q_BIAS=q_norm_bias is not None, BLOCK_N=block_n, BLOCK_D=max(16, next_power_of_2(extended_dim)),
+        BLOCK_C=max(16, next_power_of_2(head_dim)),
+    )  # fmt: skip
+    sums = partial.sum(dim=0)  # [D + bias, H * C], over the programs in a fixed order
+    grad_weight = sums[: edge_weight.shape[0]].to(edge_weight.dtype, copy=True)
+    grad_bias = sums[edge_weight.shape[0]].to(edge_bias.dtype, copy=True) if edge_bias is not None else None
+    return grad_weight, grad_bias
 
 
 def _present(*tensors: Tensor | None) -> tuple[Tensor, ...]:
