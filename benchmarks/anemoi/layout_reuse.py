@@ -18,14 +18,13 @@ import argparse
 import statistics
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, replace
-from importlib.metadata import version
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from benchmarks.anemoi.prebuilt_layouts import PrebuiltLayouts
-from benchmarks.anemoi.run import DTYPES, MODULES, ModelSpec, Problem, build_modules, make_problem
+from benchmarks.anemoi.run import DTYPES, MODULES, ModelSpec, Problem, build_modules, make_problem, run_environment
 from benchmarks.graphs.catalog import load_graph
 from benchmarks.graphs.measure import TimingSettings, clear_grads, free_memory, measure_call, relative_error
 from benchmarks.graphs.report import write_result_files
@@ -192,10 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
     settings = TimingSettings(warmup_ms=25.0, rep_ms=args.rep_ms)
     results = {
         "meta": {
-            "device": torch.cuda.get_device_name(device),
-            "torch": torch.__version__,
-            "anemoi_models": version("anemoi-models"),
-            "model": asdict(spec),
+            **run_environment(device, spec),
             "dtype": args.dtype,
             "norm": NORM,
             "rounds": args.rounds,

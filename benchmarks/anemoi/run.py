@@ -207,6 +207,18 @@ def parse_args(argv):
     return args
 
 
+def run_environment(device: torch.device, spec: ModelSpec) -> dict:
+    """What a result file records of the machine, the versions and the model's sizes."""
+    return {
+        "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "triton": version("triton"),
+        "anemoi_models": version("anemoi-models"),
+        "python": platform.python_version(),
+        "model": asdict(spec),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if not torch.cuda.is_available():
@@ -216,12 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
     settings = TimingSettings(warmup_ms=25.0, rep_ms=args.rep_ms)
     results = {
         "meta": {
-            "device": torch.cuda.get_device_name(device),
-            "torch": torch.__version__,
-            "triton": version("triton"),
-            "anemoi_models": version("anemoi-models"),
-            "python": platform.python_version(),
-            "model": asdict(spec),
+            **run_environment(device, spec),
             "batch_size": 1,
             "gradient_checkpointing": True,
         },
