@@ -22,10 +22,10 @@ from gtnorm.nn.conv import GraphTransformerConv
 # Anemoi's blocks fall back to PyG without CUDA.
 _BACKENDS = {"triton": "auto", "pyg": "pyg"}
 # Whether blocks built from now on run lin_edge inside the kernels where they can (see _fuses_edge_projection).
-# On: inside Anemoi's blocks on an H100 it made the training step 3-8 % faster than with lin_edge materialised on
-# the level-6 processor and the O320 encoder (1-4 % slower on the decoder, whose nodes have 3 edges) and took 10-25 %
-# less extra memory everywhere (benchmarks/NOTES.md, v9). Set it to False before building a model to materialise
-# the edge features instead.
+# On: inside Anemoi's blocks on an H100 the training step ran 1.02-1.09x as fast as with lin_edge materialised on
+# the level-6 processor and the O320 encoder (one bf16 row 0.98x) and 0.98-1.00x on the decoder (3 edges per node),
+# with 10-24 % less extra memory everywhere (benchmarks/NOTES.md, v10). Set it to False before building a model to
+# materialise the edge features instead.
 FUSE_EDGE_PROJECTION = True
 
 
