@@ -47,6 +47,7 @@ from gtnorm.triton.tiles import (
     normalize_heads_backward,
     program_edge_run,
     row_tile_offsets,
+    store_param_grad_partial,
     store_row,
     store_streamed_row,
     walk_position,
@@ -234,25 +235,10 @@ def edge_softmax_backward_by_destination_kernel(
         )  # fmt: skip
 
     if NORM != NORM_NONE:
-        _store_param_grad_partial(
-            q_param_grad_partial_ptr, q_partial_width, grad_w_q, grad_b_q, C, HAS_Q_WEIGHT, HAS_Q_BIAS, BLOCK_C
-        )
-
-
-@triton.jit
-def _store_param_grad_partial(
-    partial_ptr, partial_width, grad_w, grad_b, C, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    """This program's row of the parameter-gradient partials: the weight's C columns, then the bias's (each only
-    where the norm has it), so that one fixed-order column sum on the host serves both."""
-    offs_c = tl.arange(0, BLOCK_C)
-    partial_row = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-    row_ptr = partial_ptr + partial_row.to(tl.int64) * partial_width
-    if HAS_WEIGHT:
-        tl.store(row_ptr + offs_c, grad_w, mask=offs_c < C)
-    if HAS_BIAS:
-        tl.store(row_ptr + (partial_width - C) + offs_c, grad_b, mask=offs_c < C)
+        store_param_grad_partial(
+            q_param_grad_partial_ptr, tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), q_partial_width,
+            grad_w_q, grad_b_q, C, HAS_Q_WEIGHT, HAS_Q_BIAS, BLOCK_C,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -358,7 +344,7 @@ def edge_softmax_backward_by_source_kernel(
         )  # fmt: skip
 
     if NORM != NORM_NONE:
-        _store_param_grad_partial(
-            k_param_grad_partial_ptr, k_partial_width, tl.sum(grad_w_k, axis=0), tl.sum(grad_b_k, axis=0), C,
-            HAS_K_WEIGHT, HAS_K_BIAS, BLOCK_C,
+        store_param_grad_partial(
+            k_param_grad_partial_ptr, tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), k_partial_width,
+            tl.sum(grad_w_k, axis=0), tl.sum(grad_b_k, axis=0), C, HAS_K_WEIGHT, HAS_K_BIAS, BLOCK_C,
         )  # fmt: skip

@@ -78,6 +78,11 @@ class ProjectionLaunch:
     node_warps: int = 4
     edge_block: int = _PROJECTION_EDGE_BLOCK  # edges per program of the d edge_features pass
     edge_warps: int = 4
+    # The edge weights' gradient (edge_weight_grad_kernel.py): destinations per tile, and programs per SM (over all
+    # heads: each takes one head). A few per SM fill the GPU; more would only add [D + 1, C] fp32 partial blocks to
+    # sum (8 per SM: ~3 MB at Anemoi's sizes).
+    grad_block: int = 32
+    grad_programs_per_sm: int = 8
 
 
 @dataclass(frozen=True)
@@ -114,9 +119,6 @@ def attention_launch_config(num_heads: int, head_dim: int, edge_projection: bool
     attributes inside the kernels) where ``edge_projection`` (cached: it runs on every call's host path)."""
     block_c = next_power_of_2(head_dim)
     per_program = _BACKWARD_EDGES_PER_PROGRAM
-    by_destination = dict(row_slice=_BY_DESTINATION_ROW_SLICE, max_registers=_BY_DESTINATION_MAX_REGISTERS)
-    if edge_projection:
-        by_destination = dict(row_slice=_BY_DESTINATION_ROW_SLICE, max_registers=0)
     return AttentionLaunchConfig(
         block_c=block_c,
         forward=_launch(
@@ -124,7 +126,8 @@ def attention_launch_config(num_heads: int, head_dim: int, edge_projection: bool
             num_stages=3 if num_heads * head_dim >= _FORWARD_PIPELINE_MIN_ROW else 1,
         ),
         by_destination=_launch(
-            num_heads, block_c, num_warps=1, num_stages=3, edges_per_program=per_program, **by_destination
+            num_heads, block_c, _BY_DESTINATION_ROW_SLICE, num_warps=1, num_stages=3, edges_per_program=per_program,
+            max_registers=0 if edge_projection else _BY_DESTINATION_MAX_REGISTERS,
         ),
         by_source=_launch(
             num_heads, block_c, _BY_SOURCE_ROW_SLICE, num_warps=2, num_stages=4, edges_per_program=per_program

@@ -19,7 +19,14 @@ are exact to tf32x3's products.
 import triton
 import triton.language as tl
 
-from gtnorm.triton.tiles import NORM_NONE, load_norm_param, norm_stats, normalize_heads, normalize_heads_backward
+from gtnorm.triton.tiles import (
+    NORM_NONE,
+    load_norm_param,
+    norm_stats,
+    normalize_heads,
+    normalize_heads_backward,
+    store_param_grad_partial,
+)
 
 
 @triton.jit
@@ -128,7 +135,6 @@ def add_expanded_rows_kernel(
     partials (row first_partial_row + program: after the by-destination pass's rows)."""
     nodes, node_mask, row_offsets, row_mask = _node_block(num_nodes, H, C, BLOCK_N, BLOCK_C)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_c = tl.arange(0, BLOCK_C)
     d1 = D + HAS_EDGE_BIAS
     sums_offsets = nodes[:, None] * sums_row_stride + offs_d[None, :]
     sums_mask = node_mask[:, None] & (offs_d[None, :] < d1)
@@ -151,8 +157,7 @@ def add_expanded_rows_kernel(
         target = tl.load(target_ptr + row_offsets + head * C, mask=row_mask, other=0.0).to(tl.float32)
         tl.store(target_ptr + row_offsets + head * C, (target + rows).to(target_ptr.dtype.element_ty), mask=row_mask)
     if NORM != NORM_NONE:
-        row_ptr = param_grad_partial_ptr + (first_partial_row + tl.program_id(0)).to(tl.int64) * partial_width
-        if HAS_Q_WEIGHT:
-            tl.store(row_ptr + offs_c, grad_w, mask=offs_c < C)
-        if HAS_Q_BIAS:
-            tl.store(row_ptr + (partial_width - C) + offs_c, grad_b, mask=offs_c < C)
+        store_param_grad_partial(
+            param_grad_partial_ptr, first_partial_row + tl.program_id(0), partial_width, grad_w, grad_b, C,
+            HAS_Q_WEIGHT, HAS_Q_BIAS, BLOCK_C,
+        )  # fmt: skip

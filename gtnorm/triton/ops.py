@@ -40,11 +40,6 @@ from gtnorm.triton.partial_sum_kernel import column_sum_kernel
 LOG2E = 1.4426950408889634
 # The ops' ``qk_norm`` names -> the kernels' NORM constexpr (tiles.NORM_NONE / NORM_RMS / NORM_LAYER).
 NORM_CODES = {"none": 0, "rms": 1, "layer": 2}
-# The edge weights' gradient (edge_weight_grad_kernel.py): destinations per tile, and programs per SM (over all
-# heads: each program takes one head). A few per SM fill the GPU; more would only add [D + 1, C] fp32 partial blocks
-# to sum (8 per SM: ~3 MB at Anemoi's sizes).
-_EDGE_WEIGHT_GRAD_BLOCK_N = 32
-_EDGE_WEIGHT_GRAD_PROGRAMS_PER_SM = 8
 
 
 def attention_forward(
@@ -74,17 +69,17 @@ def attention_forward(
     eps_q: float,
     eps_k: float,
     launch: AttentionLaunchConfig | None = None,  # None: attention_launch_config(H, C, edge projection?)
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """Returns (out [N_dst, H, C] in query's dtype, lse [N_dst, H] fp32 log2-sum-exp2 of the scores, query_proj),
     query_proj being the normalised query projected onto the edge weights, [N_dst, H, D + bias] fp32, with a fused
-    edge projection (what the backward needs besides lse), else an empty tensor."""
+    edge projection (what the backward needs besides lse), else None (the custom op returns an empty tensor)."""
     num_dst, num_heads, head_dim = query.shape
     device = query.device
     out = new_output(query.shape, query.dtype, device)
     lse = new_output((num_dst, num_heads), torch.float32, device)
     edge_proj = edge_features is not None
-    proj_shape = (num_dst, num_heads, _extended_dim(edge_features, edge_bias)) if edge_proj else (0,)
-    query_proj = new_output(proj_shape, torch.float32, device)
+    proj_shape = (num_dst, num_heads, _extended_dim(edge_features, edge_bias)) if edge_proj else None
+    query_proj = new_output(proj_shape, torch.float32, device) if edge_proj else None
     if num_dst == 0:
         return out, lse, query_proj
     launch = launch or attention_launch_config(num_heads, head_dim, edge_proj)
@@ -97,7 +92,7 @@ def attention_forward(
     with device_guard(device):
         # sum_j a_ij x_ij per destination, expanded through W into out afterwards (node_projection_kernels.py).
         feature_means = new_output(proj_shape, torch.float32, device) if edge_proj else None
-        _zero_rows((out, lse, *_present(feature_means)), dst_without_edges)
+        _zero_rows((out, lse, feature_means) if edge_proj else (out, lse), dst_without_edges)
         if busy_slots == 0:
             return out, lse, query_proj
         projection = _Projection(edge_weight, edge_bias, launch.projection) if edge_proj else None
@@ -106,7 +101,7 @@ def attention_forward(
         graph_attention_forward_kernel[(triton.cdiv(busy_slots, nodes_per_program), fwd.head_groups)](
             query, key, value,
             edge_attr if edge_attr is not None else query,
-            edge_features if edge_proj else query, *_or(lse, query_proj if edge_proj else None, feature_means),
+            edge_features if edge_proj else query, *_or(lse, query_proj, feature_means),
             *_or(query, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias),
             dst_offsets, dst_by_slot, csc_src, csc_edge_id,
             out, lse,
@@ -137,9 +132,15 @@ def _op_schema(fn, outputs: int | None = None) -> str:
     return torch.library.infer_schema(prototype, mutates_args=())
 
 
+def _attention_forward_op(*args, **kwargs) -> tuple[Tensor, Tensor, Tensor]:
+    """attention_forward with an empty fp32 query_proj where there is none, as an op must return tensors."""
+    out, lse, query_proj = attention_forward(*args, **kwargs)
+    return out, lse, query_proj if query_proj is not None else lse.new_empty(0)
+
+
 graph_attention_forward = torch.library.custom_op(
-    "gtnorm::graph_attention_forward", mutates_args=(), schema=_op_schema(attention_forward)
-)(attention_forward)
+    "gtnorm::graph_attention_forward", mutates_args=(), schema=_op_schema(attention_forward, outputs=3)
+)(_attention_forward_op)
 
 
 @graph_attention_forward.register_fake
@@ -166,7 +167,7 @@ def attention_backward(
     k_norm_weight: Tensor | None,  # [C]
     k_norm_bias: Tensor | None,  # [C]
     lse: Tensor,  # [N_dst, H] fp32
-    query_proj: Tensor,  # [N_dst, H, D + bias] fp32 from the forward (empty without edge_features)
+    query_proj: Tensor | None,  # [N_dst, H, D + bias] fp32 from the forward (None or empty without edge_features)
     dst_offsets: Tensor,  # [N_dst + 1] int32, by slot
     dst_by_slot: Tensor,  # [N_dst] int32 (for the forward)
     csc_dst: Tensor,  # [M] int32
@@ -283,9 +284,11 @@ def attention_backward(
             grad_edge_features = projection.edge_features_grad(
                 edge_features, csc_dst, csc_edge_id, attn, grad_attn, delta, query_proj, grad_out_proj, sm_scale
             )
-        grad_edge_weight, grad_edge_bias = _edge_weight_grads(
-            edge_weight, edge_bias, feature_sums, query, grad_out, q_norm_weight, q_norm_bias, qk_norm, eps_q
-        )
+        grad_edge_weight = grad_edge_bias = None
+        if edge_proj:
+            grad_edge_weight, grad_edge_bias = projection.weight_grads(
+                feature_sums, query, grad_out, q_norm_weight, q_norm_bias, NORM_CODES[qk_norm], eps_q
+            )
     return (
         grad_query, grad_key, grad_value, grad_edge_attr, grad_edge_features, grad_edge_weight, grad_edge_bias,
         grad_q_weight, grad_q_bias, grad_k_weight, grad_k_bias,
@@ -307,6 +310,11 @@ def _extended_dim(edge_features: Tensor, edge_bias: Tensor | None) -> int:
     return edge_features.shape[1] + int(edge_bias is not None)  # int: a SymInt plus a bool fails under tracing
 
 
+def _dot_width(n: int) -> int:
+    """n padded to a power of two, at least 16: tl.dot's operands need 16 along every axis."""
+    return max(16, next_power_of_2(n))
+
+
 class _Projection:
     """Launches of the fused edge projection's kernels besides the edge walks, for one weight and bias."""
 
@@ -319,8 +327,7 @@ class _Projection:
         self.weight, self.bias, self.plan = weight, bias, plan
         self.edge_dim = weight.shape[0]
         extended = self.edge_dim + (bias is not None)
-        # tl.dot's operands: at least 16 along every axis.
-        self.block_d = max(16, next_power_of_2(extended))
+        self.block_d = _dot_width(extended)
         self.flags = dict(D=self.edge_dim, HAS_EDGE_BIAS=bias is not None)
 
     def _weight_args(self, fallback: Tensor) -> list:
@@ -347,7 +354,7 @@ class _Projection:
             rows, *_or(rows, norm_weight, norm_bias), *self._weight_args(rows), out,
             num_nodes, num_heads, head_dim, eps,
             NORM=norm, HAS_NORM_WEIGHT=norm_weight is not None, HAS_NORM_BIAS=norm_bias is not None,
-            BLOCK_N=self.plan.project_block, BLOCK_D=self.block_d, BLOCK_C=max(16, next_power_of_2(head_dim)),
+            BLOCK_N=self.plan.project_block, BLOCK_D=self.block_d, BLOCK_C=_dot_width(head_dim),
             num_warps=self.plan.node_warps, **self.flags,
         )  # fmt: skip
 
@@ -366,15 +373,44 @@ class _Projection:
         num_nodes, num_heads, head_dim = target.shape
         if num_nodes == 0:
             return
-        partial = partial if partial is not None else sums
         add_expanded_rows_kernel[(self.programs(num_nodes),)](
             sums, sums.stride(0), *self._weight_args(sums), target, *_or(target, query, q_weight),
-            partial, partial.shape[1] if partial.dim() == 2 else 0, first_partial_row,
+            *_or(sums, partial), partial.shape[1] if partial is not None else 0, first_partial_row,
             num_nodes, num_heads, head_dim, eps_q,
             NORM=norm, HAS_Q_WEIGHT=q_weight is not None, HAS_Q_BIAS=q_bias is not None,
-            BLOCK_N=self.plan.expand_block, BLOCK_D=self.block_d, BLOCK_C=max(16, next_power_of_2(head_dim)),
+            BLOCK_N=self.plan.expand_block, BLOCK_D=self.block_d, BLOCK_C=_dot_width(head_dim),
             num_warps=self.plan.node_warps, **self.flags,
         )  # fmt: skip
+
+    def weight_grads(
+        self,
+        feature_sums: Tensor,  # [N_dst, 2, H, D + bias] fp32: P, S from the by-destination pass
+        query: Tensor,  # [N_dst, H, C]
+        grad_out: Tensor,  # [N_dst, H, C]
+        q_norm_weight: Tensor | None,  # [C]
+        q_norm_bias: Tensor | None,  # [C]
+        norm: int,  # NORM_CODES
+        eps_q: float,
+    ) -> tuple[Tensor, Tensor | None]:  # d edge_weight [D, H * C], d edge_bias [H * C]
+        """dW and db from the per-destination sums (edge_weight_grad_kernel.py)."""
+        num_dst, num_heads, head_dim = query.shape
+        extended_dim = feature_sums.shape[3]
+        block_n = self.plan.grad_block
+        per_head = self.plan.grad_programs_per_sm * sm_count(query.device) // num_heads
+        programs = max(1, min(cdiv(num_dst, block_n), per_head))
+        nodes_per_program = cdiv(cdiv(max(num_dst, 1), programs), block_n) * block_n
+        programs = cdiv(max(num_dst, 1), nodes_per_program)
+        partial = new_output((programs, extended_dim, num_heads * head_dim), torch.float32, query.device)
+        edge_weight_grad_kernel[(programs, num_heads)](
+            feature_sums, query, grad_out, *_or(query, q_norm_weight, q_norm_bias), partial,
+            num_dst, nodes_per_program, num_heads, head_dim, eps_q,
+            D1=extended_dim, NORM=norm, HAS_Q_WEIGHT=q_norm_weight is not None, HAS_Q_BIAS=q_norm_bias is not None,
+            BLOCK_N=block_n, BLOCK_D=self.block_d, BLOCK_C=_dot_width(head_dim),
+        )  # fmt: skip
+        sums = partial.sum(dim=0)  # [D + bias, H * C], over the programs in a fixed order
+        grad_weight = sums[: self.edge_dim].to(self.weight.dtype, copy=True)
+        grad_bias = sums[self.edge_dim].to(self.bias.dtype, copy=True) if self.bias is not None else None
+        return grad_weight, grad_bias
 
     def edge_features_grad(
         self,
@@ -398,45 +434,6 @@ class _Projection:
                 BLOCK_D=next_power_of_2(edge_dim), num_warps=self.plan.edge_warps,
             )  # fmt: skip
         return grad
-
-
-def _edge_weight_grads(
-    edge_weight: Tensor | None,  # [D, H * C]
-    edge_bias: Tensor | None,  # [H * C]
-    feature_sums: Tensor,  # [N_dst, 2, H, D + bias] fp32
-    query: Tensor,  # [N_dst, H, C]
-    grad_out: Tensor,  # [N_dst, H, C]
-    q_norm_weight: Tensor | None,
-    q_norm_bias: Tensor | None,
-    qk_norm: str,
-    eps_q: float,
-) -> tuple[Tensor | None, Tensor | None]:
-    """(d edge_weight [D, H * C], d edge_bias [H * C]) from the by-destination pass's per-destination sums."""
-    if edge_weight is None:
-        return None, None
-    num_dst, num_heads, head_dim = query.shape
-    extended_dim = feature_sums.shape[3]
-    block_n = _EDGE_WEIGHT_GRAD_BLOCK_N
-    per_head = _EDGE_WEIGHT_GRAD_PROGRAMS_PER_SM * sm_count(query.device) // num_heads
-    programs = max(1, min(cdiv(num_dst, block_n), per_head))
-    nodes_per_program = cdiv(cdiv(max(num_dst, 1), programs), block_n) * block_n
-    programs = cdiv(max(num_dst, 1), nodes_per_program)
-    partial = new_output((programs, extended_dim, num_heads * head_dim), torch.float32, query.device)
-    edge_weight_grad_kernel[(programs, num_heads)](
-        feature_sums, query, grad_out, *_or(query, q_norm_weight, q_norm_bias), partial,
-        num_dst, nodes_per_program, num_heads, head_dim, eps_q,
-        D1=extended_dim, NORM=NORM_CODES[qk_norm], HAS_Q_WEIGHT=q_norm_weight is not None,
-        HAS_Q_BIAS=q_norm_bias is not None, BLOCK_N=block_n, BLOCK_D=max(16, next_power_of_2(extended_dim)),
-        BLOCK_C=max(16, next_power_of_2(head_dim)),
-    )  # fmt: skip
-    sums = partial.sum(dim=0)  # [D + bias, H * C], over the programs in a fixed order
-    grad_weight = sums[: edge_weight.shape[0]].to(edge_weight.dtype, copy=True)
-    grad_bias = sums[edge_weight.shape[0]].to(edge_bias.dtype, copy=True) if edge_bias is not None else None
-    return grad_weight, grad_bias
-
-
-def _present(*tensors: Tensor | None) -> tuple[Tensor, ...]:
-    return tuple(t for t in tensors if t is not None)
 
 
 def _or(fallback: Tensor, *tensors: Tensor | None) -> list[Tensor]:
@@ -549,7 +546,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(*tensors, lse, query_proj, *layout)
     edge_features = tensors[_EDGE_FEATURES_INPUT]
     ctx.edge_features_grad = edge_features is not None and edge_features.requires_grad
-    ctx.mark_non_differentiable(lse, query_proj)
+    ctx.mark_non_differentiable(*(t for t in (lse, query_proj) if t is not None))
 
 
 def _backward(ctx, grad_out, _grad_lse, _grad_query_proj, backward=torch.ops.gtnorm.graph_attention_backward):

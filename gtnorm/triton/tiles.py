@@ -76,6 +76,21 @@ def load_norm_param(ptr, C, PRESENT: tl.constexpr, DEFAULT: tl.constexpr, BLOCK_
     return p
 
 
+@triton.jit
+def store_param_grad_partial(
+    partial_ptr, row, partial_width, grad_w, grad_b, C, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Row ``row`` of a norm's parameter-gradient partials (one per program): the weight's C columns, then the
+    bias's (each only where the norm has it), so that one fixed-order column sum on the host serves both."""
+    offs_c = tl.arange(0, BLOCK_C)
+    row_ptr = partial_ptr + row.to(tl.int64) * partial_width
+    if HAS_WEIGHT:
+        tl.store(row_ptr + offs_c, grad_w, mask=offs_c < C)
+    if HAS_BIAS:
+        tl.store(row_ptr + (partial_width - C) + offs_c, grad_b, mask=offs_c < C)
+
+
 # The kinds of the NORM constexpr of the attention kernels (ops.NORM_CODES maps qk_norm's names to them).
 NORM_NONE = tl.constexpr(0)
 NORM_RMS = tl.constexpr(1)
