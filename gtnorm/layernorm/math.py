@@ -14,6 +14,16 @@ FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
+def _mask_padding_lanes(centred, mask, n_cols, AXIS: tl.constexpr):
+    """centred with its padding lanes (where x - mean is -mean) set to 0. Padding rows need nothing (a row of 0
+    has mean 0), so a tile as wide as the row needs no select: with n_cols a constexpr (the attention kernels are
+    specialised on the head dim) this costs nothing there, and one select per element elsewhere."""
+    if centred.shape[AXIS] != n_cols:
+        centred = tl.where(mask, centred, 0.0)
+    return centred
+
+
+@triton.jit
 def layer_norm_stats(x, mask, n_cols, eps, AXIS: tl.constexpr):
     """(mean, rstd) of x along AXIS, each kept as a size-1 axis so it broadcasts against x; ``mask`` marks the real
     lanes (padding lanes of x must hold 0).
@@ -24,16 +34,16 @@ def layer_norm_stats(x, mask, n_cols, eps, AXIS: tl.constexpr):
     1.5e-5 relative against 4e-7, benchmarks/NOTES.md v9), so the dependent reduction stays.
     """
     mean = tl.sum(x, axis=AXIS, keep_dims=True) / n_cols
-    centred = tl.where(mask, x - mean, 0.0)
+    centred = _mask_padding_lanes(x - mean, mask, n_cols, AXIS)
     var = tl.sum(centred * centred, axis=AXIS, keep_dims=True) / n_cols
     # Finite even for an all-zero row with eps = 0 (a padding head): it then normalises to 0, not to 0 * inf.
     return mean, tl.minimum(tl.rsqrt(var + eps), FLOAT32_MAX)
 
 
 @triton.jit
-def layer_norm_normalized(x, mean, rstd, mask):
+def layer_norm_normalized(x, mean, rstd, mask, n_cols, AXIS: tl.constexpr):
     """x_hat = (x - mean) * rstd, 0 on padding lanes (also where rstd is infinite there, e.g. eps = 0)."""
-    return tl.where(mask, (x - mean) * rstd, 0.0)
+    return _mask_padding_lanes((x - mean) * rstd, mask, n_cols, AXIS)
 
 
 @triton.jit

@@ -180,7 +180,7 @@ def edge_softmax_backward_by_destination_kernel(
     num_slots,  # destinations with edges (they hold the first slots)
     nodes_per_program,
     H,
-    C,
+    C: tl.constexpr,
     score_scale,  # log2(e) / sqrt(C): the forward's log2-domain scores
     sm_scale,  # 1 / sqrt(C)
     eps_q,
@@ -308,7 +308,7 @@ def edge_softmax_backward_by_source_kernel(
     num_slots,  # sources with edges (they hold the first slots)
     nodes_per_program,
     H,
-    C,
+    C: tl.constexpr,
     sm_scale,  # 1 / sqrt(C)
     eps_q,
     eps_k,

@@ -118,7 +118,7 @@ def graph_attention_forward_kernel(
     num_slots,  # destinations with edges (they hold the first slots)
     nodes_per_program,
     H,
-    C,
+    C: tl.constexpr,  # specialised on the head dim: the channel masks fold away where C == BLOCK_C
     score_scale,  # log2(e) / sqrt(C)
     eps_q,
     eps_k,

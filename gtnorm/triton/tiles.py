@@ -143,7 +143,7 @@ def normalize_heads_backward(x, mean, rstd, w, dy, mask, C, NORM: tl.constexpr):
     """(dx, x_hat) for y = norm(x) given dy = dL/dy: dx, and the normalised x before the affine (0 on padding),
     whose product with dy is the weight's gradient term (dy itself is the bias's)."""
     if NORM == NORM_LAYER:
-        x_hat = layer_norm_normalized(x, mean, rstd, mask)
+        x_hat = layer_norm_normalized(x, mean, rstd, mask, C, len(x.shape) - 1)
         dx = layer_norm_backward(x_hat, rstd, w, dy, mask, C, len(x.shape) - 1)
     else:
         x_hat = x * rstd
