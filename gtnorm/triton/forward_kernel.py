@@ -118,7 +118,9 @@ def graph_attention_forward_kernel(
     num_slots,  # destinations with edges (they hold the first slots)
     nodes_per_program,
     H,
-    C: tl.constexpr,  # specialised on the head dim: the channel masks fold away where C == BLOCK_C
+    # Not a constexpr, unlike in the backward kernels: specialised on C, ptxas issued the value and edge loads only
+    # after the key's reductions, and the forward ran 6-10 % slower (benchmarks/NOTES.md, v11).
+    C,
     score_scale,  # log2(e) / sqrt(C)
     eps_q,
     eps_k,

@@ -149,7 +149,7 @@ def add_expanded_rows_kernel(
         rows = tl.dot(sums, weights, input_precision="tf32x3")  # [BLOCK_N, BLOCK_C]
         if NORM != NORM_NONE:
             q_raw = tl.load(query_ptr + row_offsets + head * C, mask=row_mask, other=0.0).to(tl.float32)
-            mean, rstd = norm_stats(q_raw, row_mask, C, eps_q, NORM)
+            mean, rstd = norm_stats(q_raw, C, eps_q, NORM)
             grad_q_norm = rows
             rows, q_hat = normalize_heads_backward(q_raw, mean, rstd, w[None, :], grad_q_norm, row_mask, C, NORM)
             grad_w += tl.sum(grad_q_norm * q_hat, axis=0)

@@ -98,11 +98,11 @@ NORM_LAYER = tl.constexpr(2)
 
 
 @triton.jit
-def norm_stats(x, mask, C, eps, NORM: tl.constexpr):
+def norm_stats(x, C, eps, NORM: tl.constexpr):
     """(mean, rstd) of every head of a [..., BLOCK_H, BLOCK_C] tile, each [..., BLOCK_H, 1]; mean is 0 for
     RMSNorm. Padding lanes of x must hold 0."""
     if NORM == NORM_LAYER:
-        mean, rstd = layer_norm_stats(x, mask, C, eps, len(x.shape) - 1)
+        mean, rstd = layer_norm_stats(x, C, eps, len(x.shape) - 1)
     else:
         rstd = rms_norm_rstd(x, C, eps, len(x.shape) - 1)
         mean = tl.zeros_like(rstd)
@@ -133,7 +133,7 @@ def normalize_heads(x, w, b, mask, C, eps, NORM: tl.constexpr):
     if NORM == NORM_NONE:
         y = x
     else:
-        mean, rstd = norm_stats(x, mask, C, eps, NORM)
+        mean, rstd = norm_stats(x, C, eps, NORM)
         y = norm_apply(x, mean, rstd, w, b, mask, NORM)
     return y
 
@@ -143,7 +143,7 @@ def normalize_heads_backward(x, mean, rstd, w, dy, mask, C, NORM: tl.constexpr):
     """(dx, x_hat) for y = norm(x) given dy = dL/dy: dx, and the normalised x before the affine (0 on padding),
     whose product with dy is the weight's gradient term (dy itself is the bias's)."""
     if NORM == NORM_LAYER:
-        x_hat = layer_norm_normalized(x, mean, rstd, mask, C, len(x.shape) - 1)
+        x_hat = layer_norm_normalized(x, mean, rstd, C, len(x.shape) - 1)
         dx = layer_norm_backward(x_hat, rstd, w, dy, mask, C, len(x.shape) - 1)
     else:
         x_hat = x * rstd
