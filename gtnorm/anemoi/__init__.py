@@ -18,7 +18,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "its pins: pip install --no-deps anemoi-models==0.19.0 && pip install 'gtnorm[anemoi]'"
     ) from exc
 
-from gtnorm.anemoi.block import GraphTransformerMapperBlock, GraphTransformerProcessorBlock, use_gtnorm_attention
+from gtnorm.anemoi.block import GraphTransformerMapperBlock, GraphTransformerProcessorBlock
+from gtnorm.anemoi.convert import use_gtnorm_attention
+from gtnorm.anemoi.graph_provider import StaticGraphProvider
 from gtnorm.anemoi.mapper import GraphTransformerBackwardMapper, GraphTransformerForwardMapper
 from gtnorm.anemoi.processor import GraphTransformerProcessor
 
@@ -28,5 +30,6 @@ __all__ = [
     "GraphTransformerMapperBlock",
     "GraphTransformerProcessor",
     "GraphTransformerProcessorBlock",
+    "StaticGraphProvider",
     "use_gtnorm_attention",
 ]
