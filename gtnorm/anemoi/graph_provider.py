@@ -51,10 +51,11 @@ def base_node_counts(edge_inc: Tensor) -> tuple[int, int] | None:  # edge_inc [2
     if entry is not None and entry[0]() is edge_inc and entry[1] == edge_inc._version:
         return entry[2]
     counts = tuple(int(n) for n in edge_inc[:, 0].tolist())
+    key = id(edge_inc)
 
-    def forget(ref, key=id(edge_inc)) -> None:
+    def forget(ref: weakref.ref) -> None:  # the tensor is gone: its id may be given to another
         if _NODE_COUNTS.get(key, (None,))[0] is ref:
             del _NODE_COUNTS[key]
 
-    _NODE_COUNTS[id(edge_inc)] = (weakref.ref(edge_inc, forget), edge_inc._version, counts)
+    _NODE_COUNTS[key] = (weakref.ref(edge_inc, forget), edge_inc._version, counts)
     return counts

@@ -137,7 +137,7 @@ def test_registered_batch_copies_hit_by_identity(count_layout_builds, count_comp
     graph = make_graph("encoder_like", seed=23)
     base = graph.edge_index.to(DEVICE)
     conv = make_conv(8, backend="triton")
-    for step in range(3):  # a new tensor every step, as Anemoi's graph providers make them
+    for _ in range(3):  # a new tensor every step, as Anemoi's graph providers make them
         expanded = _expanded(graph, 3)
         edge_index = expanded.edge_index.to(DEVICE)
         register_batch_copies(edge_index, base, (graph.num_src, graph.num_dst), 3)
