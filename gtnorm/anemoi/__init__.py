@@ -7,6 +7,11 @@ the kernels: the block's own ``q_norm`` / ``k_norm`` (Anemoi's ``layer_kernels.Q
 fused when they are LayerNorm (Anemoi's default, AutocastLayerNorm) or RMSNorm over the channels of a head,
 and applied unfused before the kernels otherwise.
 
+A model's graph providers are built inside the model, not from its config: :func:`use_gtnorm_attention` on the
+built model also converts them (and Anemoi's mappers), so that each step's edges and mapper chunks are registered
+with gtnorm's layout cache and found with no host sync (gtnorm/anemoi/graph_provider.py). With the config switch
+alone they are found by content, one host sync per new tensor.
+
 Needs anemoi-models (tested with 0.19.0); see the README's "Use in Anemoi" section for installing it.
 """
 
