@@ -327,6 +327,36 @@ def test_identity_hit_makes_no_host_sync():
         torch.cuda.set_sync_debug_mode("default")
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_inference_and_registered_hits_make_no_host_sync():
+    """The identity hit of an inference tensor (its asynchronous check included) and the first lookups of
+    registered batch copies, inference tensors, with the layer's launches."""
+    graph = make_graph("encoder_like", seed=27)
+    base = graph.edge_index.cuda()
+    increment = torch.tensor([[graph.num_src], [graph.num_dst]]).cuda()
+    expanded = _expanded(graph, 2)
+    conv = make_conv(8, backend="triton", device="cuda")
+    _call(conv, graph, base)  # the base graph: built
+    with torch.inference_mode():
+        seen = base + 0
+        _, inputs = _call(conv, graph, seen)  # a new inference tensor: compared once
+        _, copies_inputs = _call(conv, expanded)
+    names = ("query", "key", "value", "edge_attr")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.inference_mode():
+            conv(*(inputs[k] for k in names), seen, size=(graph.num_src, graph.num_dst))
+            for _ in range(2):
+                made = torch.cat([base, base + increment], 1)
+                register_batch_copies(made, base, (graph.num_src, graph.num_dst), 2)
+                conv(*(copies_inputs[k] for k in names), made, size=(expanded.num_src, expanded.num_dst))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()  # the asynchronous checks passed
+
+
 @pytest.mark.parametrize("backend", ["triton", "pyg"])
 def test_compiled_layer_has_no_graph_break_and_sees_new_graphs(backend, recwarn):
     """fullgraph=True: the lookup is an op of its own (tracing cannot follow it), so the compiled layer still
