@@ -7,6 +7,11 @@ the kernels: the block's own ``q_norm`` / ``k_norm`` (Anemoi's ``layer_kernels.Q
 fused when they are LayerNorm (Anemoi's default, AutocastLayerNorm) or RMSNorm over the channels of a head,
 and applied unfused before the kernels otherwise.
 
+A model's graph providers are built inside the model, not from its config: :func:`use_gtnorm_attention` on the
+built model also converts them (and Anemoi's mappers), so that each step's edges and mapper chunks are registered
+with gtnorm's layout cache and found with no host sync (gtnorm/anemoi/graph_provider.py). With the config switch
+alone they are found by content, one host sync per new tensor.
+
 Needs anemoi-models (tested with 0.19.0); see the README's "Use in Anemoi" section for installing it.
 """
 
@@ -18,7 +23,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "its pins: pip install --no-deps anemoi-models==0.19.0 && pip install 'gtnorm[anemoi]'"
     ) from exc
 
-from gtnorm.anemoi.block import GraphTransformerMapperBlock, GraphTransformerProcessorBlock, use_gtnorm_attention
+from gtnorm.anemoi.block import GraphTransformerMapperBlock, GraphTransformerProcessorBlock
+from gtnorm.anemoi.convert import use_gtnorm_attention
+from gtnorm.anemoi.graph_provider import StaticGraphProvider
 from gtnorm.anemoi.mapper import GraphTransformerBackwardMapper, GraphTransformerForwardMapper
 from gtnorm.anemoi.processor import GraphTransformerProcessor
 
@@ -28,5 +35,6 @@ __all__ = [
     "GraphTransformerMapperBlock",
     "GraphTransformerProcessor",
     "GraphTransformerProcessorBlock",
+    "StaticGraphProvider",
     "use_gtnorm_attention",
 ]

@@ -121,16 +121,9 @@ _GTNORM_BLOCKS = {
 }
 
 
-def use_gtnorm_attention(module: nn.Module, graph_attention_backend: str | None = None) -> nn.Module:
-    """Switch, in place, every Anemoi graph-transformer block inside ``module`` (itself included) to gtnorm's
-    fused attention; returns ``module``.
-
-    Parameters, buffers and state_dict keys do not change (gtnorm's blocks add none), so this works on a model
-    built from any config or loaded from a checkpoint: ``use_gtnorm_attention(model, "triton")``.
-    ``graph_attention_backend``: "triton" (gtnorm's kernels where they can run, the PyG path elsewhere) or
-    "pyg" (the PyG reference) for every block; None keeps each block's own setting, which Anemoi has already
-    turned from "triton" into "pyg" if the block was built without CUDA.
-    """
+def convert_blocks(module: nn.Module, graph_attention_backend: str | None = None) -> None:
+    """Re-class, in place, every Anemoi graph-transformer block inside ``module`` (itself included) to gtnorm's
+    and set its attention up; the rest of :func:`gtnorm.anemoi.use_gtnorm_attention` (arguments: there)."""
     for block in list(module.modules()):  # a list: set_attention_function edits the blocks' _modules
         gtnorm_class = _GTNORM_BLOCKS.get(type(block))
         if gtnorm_class is None:
@@ -141,4 +134,3 @@ def use_gtnorm_attention(module: nn.Module, graph_attention_backend: str | None 
         if graph_attention_backend is not None:
             block.graph_attention_backend = graph_attention_backend
         block.set_attention_function()
-    return module

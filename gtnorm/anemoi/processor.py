@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from anemoi.models.layers import processor as anemoi_processor
 
-from gtnorm.anemoi.block import use_gtnorm_attention
+from gtnorm.anemoi.block import convert_blocks
 
 
 class GraphTransformerProcessor(anemoi_processor.GraphTransformerProcessor):
@@ -15,4 +15,4 @@ class GraphTransformerProcessor(anemoi_processor.GraphTransformerProcessor):
 
     def __init__(self, *, graph_attention_backend: str = "triton", **kwargs) -> None:
         super().__init__(graph_attention_backend=graph_attention_backend, **kwargs)
-        use_gtnorm_attention(self, graph_attention_backend)
+        convert_blocks(self, graph_attention_backend)

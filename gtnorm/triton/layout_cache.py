@@ -4,11 +4,21 @@ Models hand the attention a new edge_index tensor every step (Anemoi expands its
 fresh ``torch.cat``, clones it per mapper chunk, and runs again under checkpoint recompute or
 ``torch.inference_mode``), so a cache keyed on tensor identity alone misses every time. Here a lookup is:
 
-1. identity: the same tensor (memory, shape, strides, dtype, version counter, alive) as an earlier call: a hit
-   with no host sync;
+1. identity: a tensor seen (or registered, below) before, with the same memory, shape, strides and dtype, its
+   memory still held: a hit with no host sync. A normal tensor must also have the same version counter (an
+   in-place write misses). An inference tensor has no version counter: its hit enqueues a device-side check that
+   its content still is the cached graph's (``torch._assert_async``, no host sync; a mismatch raises a
+   RuntimeError, on the CPU at once, on CUDA as a device-side assertion at the next synchronisation, which ends
+   the CUDA context: an in-place write into an inference tensor already used as a graph is never served silently);
 2. content: compared element for element on the device with every cached graph of matching size, and with
    B disjoint copies of every cached graph (Anemoi's batch expansion): one host sync, then a hit;
 3. a new graph: its layout is built (with the visiting-order search, once per graph) and cached.
+
+Code that knows how it made a tensor can say so instead of having it compared: :func:`register_batch_copies`
+(B copies of a base graph, as Anemoi's graph providers expand it) and :func:`register_derived_graph` (the output
+of a deterministic function of a known tensor, such as Anemoi's mapper chunks). A registered tensor is then found
+by identity from its first lookup on: no compare, no host sync (gtnorm/anemoi/graph_provider.py and
+gtnorm/anemoi/mapper.py register Anemoi's).
 
 B copies of a cached graph get :meth:`GraphLayout.repeat` of its layout: no new search. Content is compared
 exactly, so a different graph of the same shape, or a tensor changed in place, never gets another's layout.
@@ -19,6 +29,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +44,10 @@ class _CachedGraph:
     num_src: int
     num_dst: int
     layouts: dict[int, GraphLayout] = field(default_factory=dict)  # by number of copies; 1: the graph itself
+    contents: dict[int, Tensor] = field(default_factory=dict)  # [2, B * M] by copies B > 1, for inference checks
+    # (source copies, derivation, num_nodes) -> (graph, copies) of what a registered derivation of this graph
+    # gave the first time it was looked up (LayoutCache.register_derived_graph).
+    derived: dict[tuple, tuple[_CachedGraph, int]] = field(default_factory=dict)
 
     @property
     def num_edges(self) -> int:
@@ -47,13 +62,27 @@ class _CachedGraph:
             return 0
         return copies
 
+    def _copies(self, copies: int) -> Tensor:  # [2, copies, M]
+        # Offsets from Python ints and a device arange: no host-to-device copy (a blocking one would sync).
+        index = torch.arange(copies, device=self.edge_index.device)
+        offsets = torch.stack([index * self.num_src, index * self.num_dst])  # [2, copies]
+        return self.edge_index[:, None, :] + offsets[:, :, None]
+
     def holds(self, edge_index: Tensor, copies: int) -> Tensor:  # [] bool on the device
         """Whether edge_index is ``copies`` copies of this graph, concatenated with per-copy node offsets."""
         if self.num_edges == 0:
             return torch.ones((), dtype=torch.bool, device=edge_index.device)
-        step = torch.tensor([self.num_src, self.num_dst], device=edge_index.device)
-        offsets = step[:, None, None] * torch.arange(copies, device=edge_index.device)[None, :, None]
-        return (edge_index.reshape(2, copies, self.num_edges) == self.edge_index[:, None, :] + offsets).all()
+        return (edge_index.reshape(2, copies, self.num_edges) == self._copies(copies)).all()
+
+    def content(self, copies: int) -> Tensor:  # [2, copies * M]
+        """The content of ``copies`` copies of this graph, kept (16 bytes per edge for each B > 1) so that an
+        inference tensor's identity check is one compare."""
+        if copies == 1:
+            return self.edge_index
+        if copies not in self.contents:
+            with torch.inference_mode(False):
+                self.contents[copies] = self._copies(copies).reshape(2, copies * self.num_edges)
+        return self.contents[copies]
 
     def layout(self, copies: int) -> GraphLayout:
         if copies not in self.layouts:
@@ -62,26 +91,45 @@ class _CachedGraph:
 
 
 @dataclass(eq=False)
-class _Alias:
-    """A tensor already matched to a cached graph, found again by identity."""
+class _Provenance:
+    """How a registered tensor was made from another (its source), until its first lookup resolves it."""
 
-    edge_index: weakref.ref
-    graph: _CachedGraph
+    source: weakref.ref  # the source tensor
+    source_key: tuple  # the source's identity key when it was used: a write into it since shows as another key
+    source_num_nodes: tuple[int, int]
+    copies: int  # batch copies: the tensor is this many copies of the source; 0 for a derived graph
+    derivation: Hashable = None  # derived graph: what made the tensor from the source (see register_derived_graph)
+
+
+@dataclass(eq=False)
+class _Alias:
+    """A tensor matched to a cached graph (or registered with its provenance), found again by identity."""
+
+    storage: weakref.ref  # the tensor's memory: while it is alive, no other tensor can be handed that memory
+    storage_ptr: int  # where that memory was (a resize_ moves it)
+    graph: _CachedGraph | None  # None until a provenance is resolved
     copies: int
+    provenance: _Provenance | None = None
+
+    def alive(self) -> bool:
+        storage = self.storage()
+        return storage is not None and storage.data_ptr() == self.storage_ptr
 
 
 class LayoutCache:
-    """An LRU of graph layouts, looked up by the content of edge_index (module docstring).
+    """An LRU of graph layouts, looked up by identity, provenance or the content of edge_index (module docstring).
 
     ``max_graphs`` bounds the memory: each graph keeps a copy of its edge_index and its layouts (about 40 bytes
-    per edge, plus 24 per edge for each batch size of copies in use). A model has a few graphs (processor,
-    encoder, decoder, each mapper chunk); 32 leaves room for several models.
+    per edge, plus 24 per edge for each batch size of copies in use, and 16 per edge for each batch size that
+    inference tensors are checked against). A model has a few graphs (processor, encoder, decoder, each mapper
+    chunk); 32 leaves room for several models.
     """
 
     def __init__(self, max_graphs: int = 32):
         self.max_graphs = max_graphs
         self._graphs: OrderedDict[int, _CachedGraph] = OrderedDict()  # by id(), least recently used first
         self._aliases: dict[tuple, _Alias] = {}
+        self._sweep_at = 64  # the number of aliases at which the dead ones are dropped next
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -94,33 +142,159 @@ class LayoutCache:
 
     def get(self, edge_index: Tensor, num_src: int, num_dst: int) -> GraphLayout:  # edge_index [2, M]
         """The layout of the graph in edge_index, with (num_src, num_dst) nodes; built on first sight."""
-        key = _identity_key(edge_index, num_src, num_dst)
-        if key is not None:
-            with self._lock:
-                alias = self._aliases.get(key)
-                if alias is not None and alias.edge_index() is not None:
-                    self._graphs.move_to_end(id(alias.graph))
-                    return alias.graph.layout(alias.copies)
-
+        graph, copies = self._find(edge_index, num_src, num_dst)
         with self._lock:
-            self._drop_dead_aliases()
+            return graph.layout(copies)
+
+    def register_batch_copies(
+        self,
+        edge_index: Tensor,  # [2, copies * M]
+        base: Tensor,  # [2, M]
+        base_num_nodes: tuple[int, int],
+        copies: int,
+    ) -> None:
+        """Records that edge_index was made as ``copies`` copies of ``base`` (copy i: base + i * (N_src, N_dst),
+        concatenated along the edges), so that its lookups, with ``copies`` times the base's node counts, find
+        the layout by identity: no compare, no host sync. The base's graph is found (by identity once it has been
+        seen, else by content) or built at the first lookup. The caller vouches for the content: nothing is
+        compared (an inference tensor's lookups check it, as every identity hit of one does).
+
+        Nothing is recorded (lookups then compare content) if the base has been written to before that first
+        lookup, or if the base is an inference tensor and edge_index is not (its writes could not be seen).
+
+        Shapes: edge_index [2, copies * M], base [2, M].
+        """
+        num_src, num_dst = _resolve_num_nodes(base_num_nodes, 0)
+        check_edge_index_format(edge_index)
+        check_edge_index_format(base)
+        if not isinstance(copies, int) or isinstance(copies, bool) or copies < 1:
+            raise ValueError(f"copies must be a positive int, got {copies!r}")
+        if edge_index.shape[1] != copies * base.shape[1]:
+            raise ValueError(
+                f"edge_index must have copies * M = {copies * base.shape[1]} edges, got {edge_index.shape[1]}"
+            )
+        provenance = _Provenance(weakref.ref(base), _identity_key(base, num_src, num_dst), (num_src, num_dst), copies)
+        self._register(edge_index, (copies * num_src, copies * num_dst), base, provenance)
+
+    def register_derived_graph(
+        self,
+        edge_index: Tensor,  # [2, M']
+        num_nodes: tuple[int, int],
+        source: Tensor,  # [2, M]
+        source_num_nodes: tuple[int, int],
+        derivation: Hashable,
+    ) -> None:
+        """Records that edge_index (with ``num_nodes``) was computed from ``source`` (with ``source_num_nodes``) by
+        a deterministic function of the source's content and of ``derivation``, which names the function and
+        holds every other thing it depends on. The first such tensor of a source graph and derivation is compared
+        by content at its lookup (one host sync) and what it matched is kept with the source's graph; later ones
+        are found by identity: no compare, no host sync.
+
+        The source must be known by identity (looked up or registered before), else nothing is recorded; likewise
+        if it is an inference tensor and edge_index is not. The caller vouches for the determinism: nothing is
+        compared after the first time (an inference tensor's lookups check its content, as every identity hit of
+        one does).
+
+        Shapes: edge_index [2, M'], source [2, M].
+        """
+        num_nodes = _resolve_num_nodes(num_nodes, 0)
+        source_num_nodes = _resolve_num_nodes(source_num_nodes, 0)
+        check_edge_index_format(edge_index)
+        check_edge_index_format(source)
+        hash(derivation)  # a TypeError now rather than at the lookup
+        provenance = _Provenance(
+            weakref.ref(source), _identity_key(source, *source_num_nodes), source_num_nodes, 0, derivation
+        )
+        self._register(edge_index, num_nodes, source, provenance)
+
+    def _register(self, edge_index: Tensor, num_nodes: tuple[int, int], source: Tensor, provenance) -> None:
+        if edge_index.device != source.device:
+            raise ValueError(f"edge_index is on {edge_index.device} but its source on {source.device}")
+        if source.is_inference() and not edge_index.is_inference():
+            return
+        self._remember(_identity_key(edge_index, *num_nodes), edge_index, None, 0, provenance)
+
+    def _find(self, edge_index: Tensor, num_src: int, num_dst: int) -> tuple[_CachedGraph, int]:
+        key = _identity_key(edge_index, num_src, num_dst)
+        found, derived_entry = self._find_by_identity(key)
+        if found is not None:
+            if edge_index.is_inference():
+                _check_content_async(edge_index, *found)
+            return found
+        with self._lock:
             candidates = [
                 (graph, copies)
                 for graph in self._graphs.values()
                 if graph.edge_index.device == edge_index.device
                 and (copies := graph.copies_in(edge_index.shape[1], num_src, num_dst))
             ]
-        match = _first_match(edge_index, candidates)
-        if match is None:
-            match = (self._add(edge_index, num_src, num_dst), 1)
-        graph, copies = match
+        found = _first_match(edge_index, candidates)
+        if found is None:
+            found = (self._add(edge_index, num_src, num_dst), 1)
         with self._lock:
-            layout = graph.layout(copies)
-            if id(graph) in self._graphs:
-                self._graphs.move_to_end(id(graph))
-            if key is not None:
-                self._aliases[key] = _Alias(weakref.ref(edge_index), graph, copies)
-        return layout
+            if self._graphs.get(id(found[0])) is found[0]:
+                self._graphs.move_to_end(id(found[0]))
+            if derived_entry is not None:
+                derived, derived_key = derived_entry
+                derived[derived_key] = found
+        self._remember(key, edge_index, *found)
+        return found
+
+    def _find_by_identity(self, key: tuple) -> tuple[tuple[_CachedGraph, int] | None, tuple | None]:
+        """(graph, copies) of the tensor with this identity key, or None; and, for a registered derived graph
+        whose derivation has not been matched yet, where to record what its content matches."""
+        with self._lock:
+            alias = self._aliases.get(key)
+            if alias is None:
+                return None, None
+            if not alias.alive():
+                del self._aliases[key]
+                return None, None
+            if alias.graph is not None:
+                self._graphs.move_to_end(id(alias.graph))  # evicting a graph drops its aliases
+                return (alias.graph, alias.copies), None
+            provenance = alias.provenance
+        found, derived_entry = self._resolve(provenance, key[-2:])
+        with self._lock:
+            if found is None:
+                if self._aliases.get(key) is alias:
+                    del self._aliases[key]
+            else:
+                alias.graph, alias.copies, alias.provenance = *found, None
+        return found, derived_entry
+
+    def _resolve(self, provenance: _Provenance, num_nodes: tuple[int, int]):
+        """(graph, copies) of a registered tensor, or None (the source is gone or changed, or a derivation is new:
+        then also where to record its content's match); the source's graph is looked up for batch copies."""
+        source = provenance.source()
+        if source is None or _identity_key(source, *provenance.source_num_nodes) != provenance.source_key:
+            return None, None
+        if provenance.copies:
+            graph, copies = self._find(source, *provenance.source_num_nodes)
+            return (graph, copies * provenance.copies), None
+        source_found, _ = self._find_by_identity(provenance.source_key)
+        if source_found is None:
+            return None, None
+        graph, copies = source_found
+        derived_key = (copies, provenance.derivation, num_nodes)
+        with self._lock:
+            found = graph.derived.get(derived_key)
+            if found is not None and self._graphs.get(id(found[0])) is found[0]:
+                return found, None
+        return None, (graph.derived, derived_key)
+
+    def _remember(
+        self, key: tuple, edge_index: Tensor, graph: _CachedGraph | None, copies: int, provenance=None
+    ) -> None:
+        storage = edge_index.untyped_storage()
+        alias = _Alias(weakref.ref(storage), storage.data_ptr(), graph, copies, provenance)
+        with self._lock:
+            self._aliases[key] = alias
+            if len(self._aliases) >= self._sweep_at:
+                # Amortised: dead aliases go once their number has doubled, so that a hit stays a dict lookup.
+                for k in [k for k, a in self._aliases.items() if not a.alive()]:
+                    del self._aliases[k]
+                self._sweep_at = max(64, 2 * len(self._aliases))
 
     def _add(self, edge_index: Tensor, num_src: int, num_dst: int) -> _CachedGraph:
         # Built outside inference mode, so that a layout first met during inference serves training later (the
@@ -136,24 +310,27 @@ class LayoutCache:
                     del self._aliases[k]
         return graph
 
-    def _drop_dead_aliases(self) -> None:
-        # Done on the content path only (once per new tensor), so that the identity hit stays a dict lookup.
-        for k in [k for k, alias in self._aliases.items() if alias.edge_index() is None]:
-            del self._aliases[k]
 
+def _identity_key(edge_index: Tensor, num_src: int, num_dst: int) -> tuple:
+    """What identifies a tensor as one seen before: its memory, shape, strides and dtype, and its version
+    counter (None for an inference tensor, which has none: its identity hits are checked on the device).
 
-def _identity_key(edge_index: Tensor, num_src: int, num_dst: int) -> tuple | None:
-    """What identifies a tensor as one seen before, or None for inference tensors: they have no version counter,
-    so an in-place change would go unseen, and are compared by content on every call.
-
-    While the tensor an alias holds is alive, its memory cannot be handed to another tensor, so data_ptr with
-    shape, strides and version names the same content; a dead one's alias is never hit."""
-    if edge_index.is_inference():
-        return None
+    While the memory an alias names is held (its storage alive at the same place), it cannot be handed to another
+    tensor, so these name the same content; a dead alias is never hit. Views share their base's version counter,
+    so a view of the same elements (Anemoi's shard_tensor returns one) hits its base's alias."""
     return (
         edge_index.data_ptr(), tuple(edge_index.shape), edge_index.stride(), edge_index.dtype, edge_index.device,
-        edge_index._version, num_src, num_dst,
+        None if edge_index.is_inference() else edge_index._version, num_src, num_dst,
     )  # fmt: skip
+
+
+def _check_content_async(edge_index: Tensor, graph: _CachedGraph, copies: int) -> None:
+    """Enqueues a check that edge_index still holds its graph (no host sync): a RuntimeError on a mismatch, raised
+    at once on the CPU and as a device-side assertion on CUDA (module docstring)."""
+    torch._assert_async(
+        (edge_index == graph.content(copies)).all(),
+        "gtnorm: an inference tensor used as edge_index was changed in place after its graph layout was found",
+    )
 
 
 def _first_match(edge_index: Tensor, candidates: list[tuple[_CachedGraph, int]]) -> tuple[_CachedGraph, int] | None:
@@ -172,9 +349,11 @@ def cached_layout(
     num_nodes: tuple[int, int],  # (N_src, N_dst)
 ) -> GraphLayout:
     """The layout of a graph from the cache that every :class:`gtnorm.GraphTransformerConv` shares, built on
-    first sight of the graph (including its visiting-order search) and found again by content. Call it once
-    with a model's base graph (e.g. at construction) so that later calls with batch copies of it, clones of it
-    or inference tensors holding it reuse that layout.
+    first sight of the graph (including its visiting-order search) and found again by identity (no host sync),
+    by registered provenance (no host sync) or by content (one host sync per new tensor). Call it once with a
+    model's base graph (e.g. at construction) so that later calls with batch copies of it, clones of it or
+    inference tensors holding it reuse that layout; register per-step tensors made from it
+    (:func:`register_batch_copies`) to have them found without a sync.
 
     Shapes: edge_index [2, M].
     """
@@ -212,6 +391,37 @@ def _(edge_index, num_src, num_dst):
         return [*int32, edge_index.new_empty(ctx.new_dynamic_size(), dtype=torch.int64)]
 
     return walk(num_dst) + walk(num_src)
+
+
+def register_batch_copies(
+    edge_index: Tensor,  # [2, copies * M]: copy i is base + i * (N_src, N_dst), concatenated along the edges
+    base: Tensor,  # [2, M]
+    base_num_nodes: tuple[int, int],  # (N_src, N_dst) of the base graph
+    copies: int,
+) -> None:
+    """Tells the shared cache that edge_index was made as ``copies`` copies of ``base`` (Anemoi's batch expansion),
+    so that the layers find its layout by identity: no content compare, no host sync. See
+    :meth:`LayoutCache.register_batch_copies`.
+
+    Shapes: edge_index [2, copies * M], base [2, M].
+    """
+    _SHARED_CACHE.register_batch_copies(edge_index, base, base_num_nodes, copies)
+
+
+def register_derived_graph(
+    edge_index: Tensor,  # [2, M']
+    num_nodes: tuple[int, int],  # (N_src, N_dst) of edge_index's graph
+    source: Tensor,  # [2, M]: a tensor the cache knows by identity
+    source_num_nodes: tuple[int, int],
+    derivation: Hashable,  # names the deterministic function that made edge_index from source, and its arguments
+) -> None:
+    """Tells the shared cache that edge_index was computed from ``source`` by a deterministic function named by
+    ``derivation`` (e.g. one of Anemoi's mapper chunks), so that after the first such tensor (compared by content
+    once) the layers find its layout by identity. See :meth:`LayoutCache.register_derived_graph`.
+
+    Shapes: edge_index [2, M'], source [2, M].
+    """
+    _SHARED_CACHE.register_derived_graph(edge_index, num_nodes, source, source_num_nodes, derivation)
 
 
 def clear_layout_cache() -> None:

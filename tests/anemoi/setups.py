@@ -245,3 +245,33 @@ def assert_steps_match(actual: StepResult, expected: StepResult, tol: float) -> 
             assert a.double().norm().item() < ZERO_GRADIENT * largest, f"{name}: gradient should be ~0"
         else:
             assert rel_error(a, e) <= tol, f"{name}: gradient error {rel_error(a, e):.2e}"
+
+
+def make_provider(kind: str, seed: int = 2):
+    """Anemoi's StaticGraphProvider over a random graph of GRAPH_SIZES[kind] (it sorts the edges by destination)."""
+    from anemoi.models.layers.graph_provider import StaticGraphProvider
+    from torch_geometric.data import HeteroData
+
+    num_src, num_dst = GRAPH_SIZES[kind]
+    generator = torch.Generator().manual_seed(seed)
+    edge_index = random_edges(num_src, num_dst, generator)
+    graph = HeteroData()
+    graph["edge_index"] = edge_index[:, torch.randperm(edge_index.shape[1], generator=generator)]
+    graph["edge_attr"] = torch.randn(edge_index.shape[1], EDGE_DIM, generator=generator)
+    return StaticGraphProvider(graph, ["edge_attr"], num_src, num_dst, trainable_size=0)
+
+
+class ProviderModel(nn.Module):
+    """A module wired as Anemoi's models wire theirs: its edges from a StaticGraphProvider every step."""
+
+    def __init__(self, case: Case, provider: nn.Module, module: nn.Module):
+        super().__init__()
+        self.case, self.provider, self.module = case, provider, module
+
+    def forward(self, x: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        edge_attr, edge_index, edge_shard_sizes = self.provider.get_edges(batch_size=self.case.batch)
+        inputs = Inputs(x, edge_attr, edge_index, self.case.batch)
+        if self.case.kind == "processor":
+            shard_info = GraphShardInfo(edges=edge_shard_sizes)
+            return self.module(x[0], self.case.batch, shard_info, edge_attr=edge_attr, edge_index=edge_index)
+        return forward(self.module, self.case, inputs)

@@ -1,5 +1,6 @@
 """The layout-reuse benchmark (benchmarks/anemoi/layout_reuse.py, prebuilt_layouts.py) on tiny graphs: the served
-lookup hands over the recorded layouts without reading the graph, both sides agree, the table has its rows.
+lookup hands over the recorded layouts without reading the graph, both sides agree (edge_index cloned per step,
+or from Anemoi's graph provider), the table has its rows.
 
 On the CPU gtnorm's kernels run through the interpreter, so the times mean nothing here; the GPU run is the
 benchmark.
@@ -49,13 +50,15 @@ def test_serving_hands_over_the_recorded_layout_without_reading_the_graph(device
     assert gtnorm.nn.conv.cached_layout is shipped
 
 
-@pytest.mark.parametrize(("kind", "rounds"), [("processor", 2), ("decoder", 1)])  # the interpreter is slow
-def test_rows_are_measured_and_written(kind, rounds, device, tmp_path):
+@pytest.mark.parametrize(  # the interpreter is slow
+    ("kind", "rounds", "way"), [("processor", 2, "clone"), ("decoder", 1, "clone"), ("encoder", 1, "provider")]
+)
+def test_rows_are_measured_and_written(kind, rounds, way, device, tmp_path):
     num_src, num_dst = SIZES[kind]
     edge_index = random_edges(num_src, num_dst, torch.Generator().manual_seed(1))
     problem = run.make_problem(TINY, kind, BenchGraph("tiny", kind, edge_index, num_src, num_dst, "tiny"), device)
     module = run.build_modules(TINY, kind, layout_reuse.NORM, device)["gtnorm"]
-    row = layout_reuse.measure_row(module, problem, torch.float16, run.TimingSettings(), device, rounds, 1)
+    row = layout_reuse.measure_row(module, problem, torch.float16, run.TimingSettings(), device, rounds, 1, way)
 
     # Checkpointing recomputes each block's forward in the backward: two lookups per block in a training step.
     assert row["infer"]["lookups_per_step"] == 1
@@ -67,11 +70,15 @@ def test_rows_are_measured_and_written(kind, rounds, device, tmp_path):
             assert row[mode][side]["median_host_ms"] > 0
         assert row[mode]["ratio"] > 0
     assert all(p.grad is None for p in module.parameters())  # no gradient outlives a timing
+    if way == "provider":  # the provider's edges: the problem's graph, the same tensor on both sides' lookups
+        sources = layout_reuse.edge_sources(problem, way)
+        assert all(torch.equal(source().edge_index, problem.edge_index) for source in sources.values())
 
     results = {"meta": {"device": "cpu", "torch": "", "anemoi_models": "", "dtype": "fp16", "rounds": rounds}}
-    results["rows"] = [{"module": kind, "graph": "tiny", "edges": edge_index.shape[1], **row}]
+    results["rows"] = [{"module": kind, "graph": "tiny", "edges": edge_index.shape[1], "way": way, **row}]
     write_result_files(results, tmp_path, layout_reuse.markdown(results))
     assert json.loads((tmp_path / "results.json").read_text())["rows"][0]["module"] == kind
     table = (tmp_path / "results.md").read_text()
     for name in layout_reuse.MODES.values():
-        assert f"| {kind} | {edge_index.shape[1]:,} | {name} |" in table
+        assert f"| {kind} | {edge_index.shape[1]:,} | {name} | {way} |" in table
+    assert f"Largest ratio, edge_index by {way}:" in table

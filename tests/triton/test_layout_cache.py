@@ -1,13 +1,20 @@
-"""The layout cache: reuse by identity and by content (clones, batch copies, inference tensors), never a false
-hit (other graphs of the same shape, in-place writes, other strides), bounded memory. Through the layer, so
-each reuse is also checked against the PyG backend's answer."""
+"""The layout cache: reuse by identity, by registered provenance and by content (clones, batch copies, inference
+tensors), never a false hit (other graphs of the same shape, in-place writes, other strides), bounded memory.
+Through the layer, so each reuse is also checked against the PyG backend's answer."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gtnorm.triton.layout_cache import LayoutCache, cached_layout, clear_layout_cache
+from gtnorm.triton import layout_cache
+from gtnorm.triton.layout_cache import (
+    LayoutCache,
+    cached_layout,
+    clear_layout_cache,
+    register_batch_copies,
+    register_derived_graph,
+)
 from tests.conftest import DEVICE, HAS_CUDA
 from tests.graphs import SmallGraph, make_graph
 from tests.nn.test_conv import _call, _pyg_on, make_conv
@@ -18,6 +25,21 @@ def empty_layout_cache():
     clear_layout_cache()
     yield
     clear_layout_cache()
+
+
+@pytest.fixture
+def count_compares(monkeypatch):
+    """Content compares that reach the device (each ends in one host sync): the graphs of matching sizes compared."""
+    compares = []
+    original = layout_cache._first_match
+
+    def counting(edge_index, candidates):
+        if candidates:
+            compares.append(edge_index.shape[1])
+        return original(edge_index, candidates)
+
+    monkeypatch.setattr(layout_cache, "_first_match", counting)
+    return compares
 
 
 def _expanded(graph: SmallGraph, copies: int) -> SmallGraph:
@@ -73,6 +95,121 @@ def test_inference_tensors_hit_by_content(count_layout_builds):
     key, value = torch.randn(2, graph.num_src, 2, 8, device=DEVICE)
     conv(query, key, value, None, graph.edge_index.to(DEVICE), size=(graph.num_src, graph.num_dst)).sum().backward()
     assert len(count_layout_builds) == 1
+
+
+def test_inference_tensor_seen_before_hits_by_identity(count_layout_builds, count_compares):
+    """An inference tensor seen before (or a view of the same elements) is found with no compare; a new one holding
+    the same graph is compared once."""
+    graph = make_graph("processor_like", seed=21)
+    conv = make_conv(8, backend="triton")
+    cached_layout(graph.edge_index.to(DEVICE), (graph.num_src, graph.num_dst))
+    with torch.inference_mode():
+        edge_index = graph.edge_index.to(DEVICE) + 0
+        _call(conv, graph, edge_index)
+        assert len(count_compares) == 1
+        for again in (edge_index, edge_index[:, :], edge_index, edge_index.view(2, -1)):
+            out, inputs = _call(conv, graph, again)
+            torch.testing.assert_close(out, _pyg_on(graph, again, inputs), rtol=1e-5, atol=1e-5)
+        assert len(count_compares) == 1
+        _call(conv, graph, edge_index.clone())  # a new tensor: compared
+    assert len(count_compares) == 2 and len(count_layout_builds) == 1
+
+
+@pytest.mark.parametrize("copies", [1, 3])
+def test_inference_tensor_written_in_place_raises(copies, count_compares):
+    """Without a version counter the write cannot be seen by identity: the hit's device-side check raises (on the
+    CPU at once) instead of serving the old layout."""
+    graph = make_graph("encoder_like", seed=22)
+    cached_layout(graph.edge_index.to(DEVICE), (graph.num_src, graph.num_dst))
+    num_nodes = (copies * graph.num_src, copies * graph.num_dst)
+    with torch.inference_mode():
+        edge_index = _expanded(graph, copies).edge_index.to(DEVICE)
+        layout = cached_layout(edge_index, num_nodes)
+        assert cached_layout(edge_index, num_nodes) is layout  # the check passes while the content is the graph's
+        edge_index[0, -1] = (edge_index[0, -1] + 1) % num_nodes[0]
+        with pytest.raises(RuntimeError, match="changed in place"):
+            cached_layout(edge_index, num_nodes)
+    assert len(count_compares) == 1
+
+
+def test_registered_batch_copies_hit_by_identity(count_layout_builds, count_compares):
+    """Registered copies get their layout with no compare: the layout a content lookup of the same graph gets."""
+    graph = make_graph("encoder_like", seed=23)
+    base = graph.edge_index.to(DEVICE)
+    conv = make_conv(8, backend="triton")
+    for _ in range(3):  # a new tensor every step, as Anemoi's graph providers make them
+        expanded = _expanded(graph, 3)
+        edge_index = expanded.edge_index.to(DEVICE)
+        register_batch_copies(edge_index, base, (graph.num_src, graph.num_dst), 3)
+        _assert_matches_pyg(conv, expanded, edge_index)
+        assert count_compares == [] and len(count_layout_builds) == 1  # the base: built at the first lookup
+    num_nodes = (expanded.num_src, expanded.num_dst)
+    assert cached_layout(edge_index, num_nodes) is cached_layout(edge_index.clone(), num_nodes)
+    assert len(count_compares) == 1  # the clone's
+    with torch.inference_mode():  # an inference tensor made from a normal base: registered, and checked
+        edge_index = torch.cat([base, base + torch.tensor([[graph.num_src], [graph.num_dst]], device=DEVICE)], 1)
+        register_batch_copies(edge_index, base, (graph.num_src, graph.num_dst), 2)
+        layout = cached_layout(edge_index, (2 * graph.num_src, 2 * graph.num_dst))
+        assert len(count_compares) == 1 and layout.num_edges == 2 * base.shape[1]
+        edge_index[1, 0] += 1
+        with pytest.raises(RuntimeError, match="changed in place"):
+            cached_layout(edge_index, (2 * graph.num_src, 2 * graph.num_dst))
+
+
+def test_registered_tensors_written_in_place_are_compared(count_layout_builds, count_compares):
+    """A write into a registered tensor, or into its base before the tensor's first lookup, leaves it to the
+    content path: never the layout of what was registered."""
+    graph = make_graph("processor_like", seed=24)
+    base = graph.edge_index.clone().to(DEVICE)
+    sizes = (graph.num_src, graph.num_dst)
+    cached_layout(base, sizes)
+    written = _expanded(graph, 2)
+    edge_index = written.edge_index.to(DEVICE)
+    register_batch_copies(edge_index, base, sizes, 2)
+    edge_index[1, :4] = (edge_index[1, :4] + 1) % written.num_dst  # the tensor itself
+    _assert_matches_pyg(make_conv(8, backend="triton"), written, edge_index)
+    assert len(count_compares) == 1 and len(count_layout_builds) == 2
+
+    edge_index = _expanded(graph, 2).edge_index.to(DEVICE)
+    register_batch_copies(edge_index, base, sizes, 2)
+    base[0, :3] = (base[0, :3] + 1) % graph.num_src  # its base, after the expansion
+    _assert_matches_pyg(make_conv(8, backend="triton"), written, edge_index)
+    assert len(count_compares) == 2 and len(count_layout_builds) == 2  # found by content: copies of the graph
+
+
+def test_registered_derived_graphs_hit_by_identity_after_the_first(count_layout_builds, count_compares):
+    graph = make_graph("decoder_like", seed=25)
+    source = graph.edge_index.to(DEVICE)
+    sizes = (graph.num_src, graph.num_dst)
+    conv = make_conv(8, backend="triton")
+    half = graph.edge_index.shape[1] // 2
+    cut = SmallGraph("half", graph.edge_index[:, :half], graph.num_src, graph.num_dst)
+
+    def derive(derivation=("first edges", half)):
+        edge_index = source[:, :half].clone()  # a new tensor each time, a deterministic function of source
+        register_derived_graph(edge_index, sizes, source, sizes, derivation)
+        return edge_index
+
+    _assert_matches_pyg(conv, cut, derive())  # the source is not known by identity: a new graph, built
+    _assert_matches_pyg(conv, cut, derive())  # ... and this one compared
+    assert len(count_compares) == 1 and len(count_layout_builds) == 1
+    cached_layout(source, sizes)
+    _assert_matches_pyg(conv, cut, derive())  # the first with a known source: compared, and remembered
+    assert len(count_compares) == 2
+    for _ in range(2):
+        _assert_matches_pyg(conv, cut, derive())
+    assert len(count_compares) == 2 and len(count_layout_builds) == 2
+    _assert_matches_pyg(conv, cut, derive(("another derivation", half)))
+    assert len(count_compares) == 3 and len(count_layout_builds) == 2
+
+
+def test_dead_aliases_are_dropped():
+    graph = make_graph("encoder_like", seed=26)
+    base = graph.edge_index.to(DEVICE)
+    cache = LayoutCache()
+    for _ in range(300):
+        cache.register_batch_copies(torch.cat([base, base + 100], 1), base, (graph.num_src, graph.num_dst), 2)
+    assert len(cache._aliases) < 130
 
 
 def test_chunks_of_equal_shape_keep_their_own_layouts(count_layout_builds):
@@ -163,6 +300,15 @@ def test_bad_arguments_raise():
         cached_layout(torch.zeros(3, 4, dtype=torch.long), (2, 2))
     with pytest.raises(ValueError, match="num_nodes"):
         cached_layout(torch.zeros(2, 4, dtype=torch.long), (2, -2))
+    base = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="copies \\* M"):
+        register_batch_copies(torch.zeros(2, 6, dtype=torch.long), base, (2, 2), 2)
+    with pytest.raises(ValueError, match="copies"):
+        register_batch_copies(base, base, (2, 2), 0)
+    with pytest.raises(TypeError, match="int64 or int32"):
+        register_derived_graph(base.float(), (2, 2), base, (2, 2), "a derivation")
+    with pytest.raises(TypeError, match="unhashable"):
+        register_derived_graph(base, (2, 2), base, (2, 2), ["a list"])
 
 
 @pytest.mark.gpu
@@ -179,6 +325,36 @@ def test_identity_hit_makes_no_host_sync():
         conv(*args, size=(graph.num_src, graph.num_dst))
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_inference_and_registered_hits_make_no_host_sync():
+    """The identity hit of an inference tensor (its asynchronous check included) and the first lookups of
+    registered batch copies, inference tensors, with the layer's launches."""
+    graph = make_graph("encoder_like", seed=27)
+    base = graph.edge_index.cuda()
+    increment = torch.tensor([[graph.num_src], [graph.num_dst]]).cuda()
+    expanded = _expanded(graph, 2)
+    conv = make_conv(8, backend="triton", device="cuda")
+    _call(conv, graph, base)  # the base graph: built
+    with torch.inference_mode():
+        seen = base + 0
+        _, inputs = _call(conv, graph, seen)  # a new inference tensor: compared once
+        _, copies_inputs = _call(conv, expanded)
+    names = ("query", "key", "value", "edge_attr")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.inference_mode():
+            conv(*(inputs[k] for k in names), seen, size=(graph.num_src, graph.num_dst))
+            for _ in range(2):
+                made = torch.cat([base, base + increment], 1)
+                register_batch_copies(made, base, (graph.num_src, graph.num_dst), 2)
+                conv(*(copies_inputs[k] for k in names), made, size=(expanded.num_src, expanded.num_dst))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()  # the asynchronous checks passed
 
 
 @pytest.mark.parametrize("backend", ["triton", "pyg"])

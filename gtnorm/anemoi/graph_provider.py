@@ -1,0 +1,61 @@
+"""Anemoi's StaticGraphProvider with its per-step batch expansion registered in gtnorm's layout cache.
+
+Anemoi's models make their edges every step with ``StaticGraphProvider.get_edges(batch_size)``: B copies of the
+provider's dst-sorted base graph (copy i: ``edge_index_base + i * edge_inc``), a new tensor each time. Found by
+content, each costs gtnorm's layout cache a compare and a host sync per step. The subclass here makes the same
+expansion and registers it as B copies of the base (gtnorm.triton.layout_cache.register_batch_copies): the layers
+then find its layout by identity, with no compare and no host sync. The base is the provider's own buffer, found
+by identity from its second use on; Anemoi's sharding hands on a view of the same memory, which hits too.
+
+It adds no parameters, buffers or state_dict keys: :func:`gtnorm.anemoi.use_gtnorm_attention` re-classes the
+providers of a built model in place. The node counts (``edge_inc``) are read to the host once per buffer, when a
+provider is converted (or when the buffer has been replaced or written to since), not per step.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from anemoi.models.layers import graph_provider as anemoi_graph_provider
+from torch import Tensor
+
+from gtnorm.triton.layout_cache import register_batch_copies
+
+# id(edge_inc) -> (a weak reference to it, its version counter, its (N_src, N_dst)), read once per buffer. Kept
+# out of the providers, so that a provider pickles and deep-copies as Anemoi's does.
+_NODE_COUNTS: dict[int, tuple[weakref.ref, int, tuple[int, int]]] = {}
+
+
+class StaticGraphProvider(anemoi_graph_provider.StaticGraphProvider):
+    """Anemoi's StaticGraphProvider (same arguments, state and edges) whose per-step expansion into batch copies
+    is registered in gtnorm's layout cache (module docstring)."""
+
+    def _expand_edges(self, edge_index: Tensor, edge_inc: Tensor, batch_size: int) -> Tensor:  # [2, B * M]
+        # Made here (the expansion Anemoi's own makes: copy i = edge_index + i * edge_inc, concatenated along the
+        # edges) so that what is registered is, by construction, what the tensor holds.
+        expanded = torch.cat([edge_index + i * edge_inc for i in range(batch_size)], dim=1)
+        node_counts = base_node_counts(edge_inc)
+        if node_counts is not None and batch_size >= 1:
+            register_batch_copies(expanded, edge_index, node_counts, batch_size)
+        return expanded
+
+
+def base_node_counts(edge_inc: Tensor) -> tuple[int, int] | None:  # edge_inc [2, 1]
+    """(N_src, N_dst) of a provider's base graph: edge_inc's values, read to the host (one sync) the first time
+    this tensor is seen and again only after a write into it. None for an inference tensor (its writes could not
+    be seen): its expansions are then found by content."""
+    if edge_inc.is_inference() or tuple(edge_inc.shape) != (2, 1):
+        return None
+    entry = _NODE_COUNTS.get(id(edge_inc))
+    if entry is not None and entry[0]() is edge_inc and entry[1] == edge_inc._version:
+        return entry[2]
+    counts = tuple(int(n) for n in edge_inc[:, 0].tolist())
+    key = id(edge_inc)
+
+    def forget(ref: weakref.ref) -> None:  # the tensor is gone: its id may be given to another
+        if _NODE_COUNTS.get(key, (None,))[0] is ref:
+            del _NODE_COUNTS[key]
+
+    _NODE_COUNTS[key] = (weakref.ref(edge_inc, forget), edge_inc._version, counts)
+    return counts

@@ -1,0 +1,113 @@
+"""Anemoi's graph providers and mappers converted by use_gtnorm_attention (gtnorm/anemoi/graph_provider.py,
+mapper.py, convert.py): the same edges and state, the per-step expansion and the mapper chunks found by identity
+(no content compare, so no host sync) from the second step on, in training and in inference, with the results
+of Anemoi's own modules."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytest.importorskip("anemoi.models", reason="needs anemoi-models (pip install --no-deps anemoi-models==0.19.0)")
+
+import torch  # noqa: E402
+
+import gtnorm.anemoi  # noqa: E402
+from gtnorm.anemoi import graph_provider  # noqa: E402
+from gtnorm.triton import layout_cache  # noqa: E402
+from tests.anemoi.setups import Case, ProviderModel, build_pair, make_inputs, make_provider, rel_error  # noqa: E402
+from tests.anemoi.test_modules import TOL  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def empty_layout_cache():
+    layout_cache.clear_layout_cache()
+    yield
+    layout_cache.clear_layout_cache()
+
+
+@pytest.fixture
+def count_compares(monkeypatch):
+    """Content compares that reach the device, each ending in a host sync."""
+    compares = []
+    original = layout_cache._first_match
+
+    def counting(edge_index, candidates):
+        if candidates:
+            compares.append(edge_index.shape[1])
+        return original(edge_index, candidates)
+
+    monkeypatch.setattr(layout_cache, "_first_match", counting)
+    return compares
+
+
+def converted_pair(case: Case, device) -> tuple[ProviderModel, ProviderModel]:
+    """(Anemoi's module on PyG with its provider, a deep copy converted by use_gtnorm_attention)."""
+    anemoi_module, _ = build_pair(case, "triton", device, anemoi_backend="pyg")
+    anemoi_model = ProviderModel(case, make_provider(case.kind), anemoi_module).to(device)
+    gtnorm_model = gtnorm.anemoi.use_gtnorm_attention(copy.deepcopy(anemoi_model), "triton")
+    return anemoi_model, gtnorm_model
+
+
+def step(model: ProviderModel, x: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    """Forward and backward: the output, the inputs' and every parameter's gradient."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    leaves = [t.detach().clone().requires_grad_() for t in x]
+    out = model(tuple(leaves))
+    (out * torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)).sum().backward()
+    return [out.detach(), *(t.grad for t in leaves), *(p.grad for p in model.parameters())]
+
+
+@pytest.mark.parametrize("kind", ["processor", "encoder", "decoder"])
+def test_converted_model_finds_its_layouts_without_compares(kind, device, count_compares):
+    case = Case(kind, batch=2)
+    anemoi_model, gtnorm_model = converted_pair(case, device)
+    assert type(gtnorm_model.provider) is gtnorm.anemoi.StaticGraphProvider
+    assert list(gtnorm_model.state_dict()) == list(anemoi_model.state_dict())
+    assert len(list(gtnorm_model.buffers())) == len(list(anemoi_model.buffers()))
+    x = make_inputs(case, device).x
+    for index in range(2):
+        count_compares.clear()
+        expected, actual = step(anemoi_model, x), step(gtnorm_model, x)
+        for a, e in zip(actual, expected, strict=True):
+            assert rel_error(a, e) <= TOL
+        if index > 0:
+            assert count_compares == []
+    anemoi_model.eval(), gtnorm_model.eval()
+    with torch.inference_mode():
+        for _ in range(2):
+            assert rel_error(gtnorm_model(x), anemoi_model(x)) <= TOL
+    assert count_compares == []
+
+
+def test_expansion_is_anemoi_s_and_registered(device, count_compares):
+    """The converted provider hands on Anemoi's edges; its lookups get the layout a content lookup of the same
+    graph gets, with no compare."""
+    provider = make_provider("encoder").to(device)
+    converted = gtnorm.anemoi.use_gtnorm_attention(copy.deepcopy(provider))
+    num_src, num_dst = provider.edge_inc[:, 0].tolist()
+    for batch in (1, 3):
+        for anemoi_edges, gtnorm_edges in zip(provider.get_edges(batch), converted.get_edges(batch), strict=True):
+            assert (anemoi_edges is None) == (gtnorm_edges is None)
+            assert anemoi_edges is None or torch.equal(anemoi_edges, gtnorm_edges)
+        edge_index = converted.get_edges(batch)[1]
+        layout = layout_cache.cached_layout(edge_index, (batch * num_src, batch * num_dst))
+        assert not count_compares
+        assert layout is layout_cache.cached_layout(edge_index.clone(), (batch * num_src, batch * num_dst))
+        count_compares.clear()
+
+
+def test_node_counts_are_read_once_and_after_a_write(monkeypatch):
+    provider = gtnorm.anemoi.use_gtnorm_attention(make_provider("encoder"))
+    reads = []
+    original = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(1) or original(t))
+    for _ in range(3):
+        assert graph_provider.base_node_counts(provider.edge_inc) == (16, 6)
+    assert reads == []
+    with torch.no_grad():
+        provider.edge_inc[1, 0] = 7
+    assert graph_provider.base_node_counts(provider.edge_inc) == (16, 7)
+    assert len(reads) == 1
