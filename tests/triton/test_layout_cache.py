@@ -4,6 +4,10 @@ Through the layer, so each reuse is also checked against the PyG backend's answe
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -117,19 +121,53 @@ def test_inference_tensor_seen_before_hits_by_identity(count_layout_builds, coun
 
 @pytest.mark.parametrize("copies", [1, 3])
 def test_inference_tensor_written_in_place_raises(copies, count_compares):
-    """Without a version counter the write cannot be seen by identity: the hit's device-side check raises (on the
-    CPU at once) instead of serving the old layout."""
+    """Without a version counter the write cannot be seen by identity: the hit's device-side check raises instead of
+    serving the old layout. On the CPU, where it raises at once (on CUDA it ends the process: the next test)."""
     graph = make_graph("encoder_like", seed=22)
-    cached_layout(graph.edge_index.to(DEVICE), (graph.num_src, graph.num_dst))
+    cached_layout(graph.edge_index, (graph.num_src, graph.num_dst))
     num_nodes = (copies * graph.num_src, copies * graph.num_dst)
     with torch.inference_mode():
-        edge_index = _expanded(graph, copies).edge_index.to(DEVICE)
+        edge_index = _expanded(graph, copies).edge_index
         layout = cached_layout(edge_index, num_nodes)
         assert cached_layout(edge_index, num_nodes) is layout  # the check passes while the content is the graph's
         edge_index[0, -1] = (edge_index[0, -1] + 1) % num_nodes[0]
         with pytest.raises(RuntimeError, match="changed in place"):
             cached_layout(edge_index, num_nodes)
     assert len(count_compares) == 1
+
+
+_WRITE_INTO_AN_INFERENCE_GRAPH = """
+import torch
+from gtnorm.triton.layout_cache import cached_layout
+from tests.graphs import make_graph
+
+graph = make_graph("encoder_like", seed=22)
+num_nodes = (graph.num_src, graph.num_dst)
+with torch.inference_mode():
+    edge_index = graph.edge_index.cuda()
+    cached_layout(edge_index, num_nodes)
+    cached_layout(edge_index, num_nodes)
+    torch.cuda.synchronize()
+    print("content unchanged: passed", flush=True)
+    edge_index[0, -1] = (edge_index[0, -1] + 1) % num_nodes[0]
+    cached_layout(edge_index, num_nodes)
+    torch.cuda.synchronize()
+print("changed content served", flush=True)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_inference_tensor_written_in_place_fails_on_the_device():
+    """On CUDA the check is a device-side assertion: it ends the process's CUDA context, so it runs in a process of
+    its own, which must get past the unchanged lookups and then fail rather than serve the changed content."""
+    result = subprocess.run(
+        [sys.executable, "-c", _WRITE_INTO_AN_INFERENCE_GRAPH], capture_output=True, text=True, timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert "content unchanged: passed" in result.stdout, result.stderr[-2000:]
+    assert result.returncode != 0 and "changed content served" not in result.stdout
+    assert "device-side assert" in result.stderr, result.stderr[-2000:]
 
 
 def test_registered_batch_copies_hit_by_identity(count_layout_builds, count_compares):
