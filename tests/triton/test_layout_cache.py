@@ -189,9 +189,21 @@ def test_registered_batch_copies_hit_by_identity(count_layout_builds, count_comp
         register_batch_copies(edge_index, base, (graph.num_src, graph.num_dst), 2)
         layout = cached_layout(edge_index, (2 * graph.num_src, 2 * graph.num_dst))
         assert len(count_compares) == 1 and layout.num_edges == 2 * base.shape[1]
+
+
+def test_registered_inference_copies_written_in_place_raise():
+    """A registered inference tensor's hits are checked like any inference tensor's: a write raises. On the CPU,
+    where it raises at once (test_inference_tensor_written_in_place_fails_on_the_device covers CUDA)."""
+    graph = make_graph("encoder_like", seed=23)
+    base = graph.edge_index.clone()
+    num_nodes = (2 * graph.num_src, 2 * graph.num_dst)
+    with torch.inference_mode():
+        edge_index = torch.cat([base, base + torch.tensor([[graph.num_src], [graph.num_dst]])], 1)
+        register_batch_copies(edge_index, base, (graph.num_src, graph.num_dst), 2)
+        cached_layout(edge_index, num_nodes)
         edge_index[1, 0] += 1
         with pytest.raises(RuntimeError, match="changed in place"):
-            cached_layout(edge_index, (2 * graph.num_src, 2 * graph.num_dst))
+            cached_layout(edge_index, num_nodes)
 
 
 def test_registered_tensors_written_in_place_are_compared(count_layout_builds, count_compares):
