@@ -181,7 +181,7 @@ def edge_softmax_backward_by_destination_kernel(
     nodes_per_program,
     H,
     # A constexpr: the channel masks fold away where C == BLOCK_C (LayerNorm's padding-lane select with them), and the
-    # address arithmetic is simpler; 7-10 % faster than with C at run time (benchmarks/NOTES.md, v11).
+    # address arithmetic is simpler; 4-10 % faster than with C at run time (benchmarks/NOTES.md, v11).
     C: tl.constexpr,
     score_scale,  # log2(e) / sqrt(C): the forward's log2-domain scores
     sm_scale,  # 1 / sqrt(C)
