@@ -44,3 +44,20 @@ def count_layout_builds(monkeypatch):
 
     monkeypatch.setattr(GraphLayout, "from_edge_index", staticmethod(counting))
     return builds
+
+
+@pytest.fixture
+def count_compares(monkeypatch):
+    """Content compares that reach the device (each ends in one host sync): the graphs of matching sizes compared."""
+    compares = []
+    from gtnorm.triton import layout_cache
+
+    original = layout_cache._first_match
+
+    def counting(edge_index, candidates):
+        if candidates:
+            compares.append(edge_index.shape[1])
+        return original(edge_index, candidates)
+
+    monkeypatch.setattr(layout_cache, "_first_match", counting)
+    return compares

@@ -27,21 +27,6 @@ def empty_layout_cache():
     layout_cache.clear_layout_cache()
 
 
-@pytest.fixture
-def count_compares(monkeypatch):
-    """Content compares that reach the device, each ending in a host sync."""
-    compares = []
-    original = layout_cache._first_match
-
-    def counting(edge_index, candidates):
-        if candidates:
-            compares.append(edge_index.shape[1])
-        return original(edge_index, candidates)
-
-    monkeypatch.setattr(layout_cache, "_first_match", counting)
-    return compares
-
-
 def converted_pair(case: Case, device) -> tuple[ProviderModel, ProviderModel]:
     """(Anemoi's module on PyG with its provider, a deep copy converted by use_gtnorm_attention)."""
     anemoi_module, _ = build_pair(case, "triton", device, anemoi_backend="pyg")

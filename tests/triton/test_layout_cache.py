@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from gtnorm.triton import layout_cache
 from gtnorm.triton.layout_cache import (
     LayoutCache,
     cached_layout,
@@ -29,21 +28,6 @@ def empty_layout_cache():
     clear_layout_cache()
     yield
     clear_layout_cache()
-
-
-@pytest.fixture
-def count_compares(monkeypatch):
-    """Content compares that reach the device (each ends in one host sync): the graphs of matching sizes compared."""
-    compares = []
-    original = layout_cache._first_match
-
-    def counting(edge_index, candidates):
-        if candidates:
-            compares.append(edge_index.shape[1])
-        return original(edge_index, candidates)
-
-    monkeypatch.setattr(layout_cache, "_first_match", counting)
-    return compares
 
 
 def _expanded(graph: SmallGraph, copies: int) -> SmallGraph:
