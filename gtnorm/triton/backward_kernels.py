@@ -85,10 +85,10 @@ def _by_destination_step(
     if NORM != NORM_NONE:
         if first:
             mean_q, rstd_q = norm_stats(q_raw, C, eps_q, NORM)
-        q = norm_apply(q_raw, mean_q, rstd_q, w_q[None, :], b_q[None, :], mask, NORM)
+        q = norm_apply(q_raw, mean_q, rstd_q, w_q[None, :], b_q[None, :], NORM)
     d_out = load_row(grad_out_ptr, node, offsets, mask, row_len)
     lse = tl.load(lse_ptr + node.to(tl.int64) * H + offs_h, mask=head_mask, other=0.0)
-    k = normalize_heads(load_row(key_ptr, src, offsets, mask, row_len), w_k, b_k, mask, C, eps_k, NORM)
+    k = normalize_heads(load_row(key_ptr, src, offsets, mask, row_len), w_k, b_k, C, eps_k, NORM)
     v = load_row(value_ptr, src, offsets, mask, row_len)
     if HAS_EDGE_ATTR:
         e = load_row(edge_attr_ptr, edge_id, offsets, mask, row_len)
@@ -261,7 +261,7 @@ def _by_source_step(
     da = tl.load(grad_attn_ptr + edge_head, mask=head_mask, other=0.0)
     delta = tl.load(delta_ptr + dst.to(tl.int64) * H + offs_h, mask=head_mask, other=0.0)
     d_out = load_row(grad_out_ptr, dst, offsets, mask, row_len)
-    q = normalize_heads(load_row(query_ptr, dst, offsets, mask, row_len), w_q, b_q, mask, C, eps_q, NORM)
+    q = normalize_heads(load_row(query_ptr, dst, offsets, mask, row_len), w_q, b_q, C, eps_q, NORM)
     grad_s = a * (da - delta)  # [BLOCK_H]
     a_d_out = a[:, None] * d_out
     grad_s_q = grad_s[:, None] * q * sm_scale

@@ -61,7 +61,7 @@ def edge_weight_grad_kernel(
         row_offsets = nodes[:, None] * (H * C) + head * C + offs_c[None, :]
         d_out = tl.load(grad_out_ptr + row_offsets, mask=row_mask, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_C]
         q = tl.load(query_ptr + row_offsets, mask=row_mask, other=0.0).to(tl.float32)
-        q = normalize_heads(q, w_q, b_q, row_mask, C, eps_q, NORM)
+        q = normalize_heads(q, w_q, b_q, C, eps_q, NORM)
         # tf32x3: fp32 accuracy (three tf32 products) at tensor-core speed; plain tf32 would round dW to ~1e-3.
         acc += tl.dot(tl.trans(attn_sum), d_out, input_precision="tf32x3")
         acc += tl.dot(tl.trans(grad_s_sum), q, input_precision="tf32x3")

@@ -38,7 +38,7 @@ def _online_softmax_step(
     feature_acc [BLOCK_H, BLOCK_D] of the edges' extended attributes (edge_projection.py). q is the normalised
     query [BLOCK_H, BLOCK_C], q_proj its projection onto the edge weights [BLOCK_H, BLOCK_D]."""
     src = tl.load(csc_src_ptr + pos)
-    k = normalize_heads(load_row(key_ptr, src, offsets, mask, row_len), w_k, b_k, mask, C, eps_k, NORM)
+    k = normalize_heads(load_row(key_ptr, src, offsets, mask, row_len), w_k, b_k, C, eps_k, NORM)
     v = load_row(value_ptr, src, offsets, mask, row_len)
     if HAS_EDGE_ATTR:
         e = load_row(edge_attr_ptr, tl.load(csc_edge_id_ptr + pos), offsets, mask, row_len)
@@ -72,7 +72,7 @@ def _attend_node(
     node = tl.load(dst_by_slot_ptr + slot)
     start = tl.load(dst_offsets_ptr + slot)
     end = tl.load(dst_offsets_ptr + slot + 1)
-    q = normalize_heads(load_row(query_ptr, node, offsets, mask, row_len), w_q, b_q, mask, C, eps_q, NORM)
+    q = normalize_heads(load_row(query_ptr, node, offsets, mask, row_len), w_q, b_q, C, eps_q, NORM)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)

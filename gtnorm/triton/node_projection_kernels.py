@@ -92,7 +92,7 @@ def project_rows_kernel(
     for head in range(H):
         rows = tl.load(rows_ptr + row_offsets + head * C, mask=row_mask, other=0.0).to(tl.float32)
         if NORM != NORM_NONE:
-            rows = normalize_heads(rows, w[None, :], b[None, :], row_mask, C, eps, NORM)
+            rows = normalize_heads(rows, w[None, :], b[None, :], C, eps, NORM)
         weights = _extended_weight_tile(
             edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, head, C, D, HAS_EDGE_BIAS, BLOCK_D, BLOCK_C
         )

@@ -110,7 +110,7 @@ def norm_stats(x, C, eps, NORM: tl.constexpr):
 
 
 @triton.jit
-def norm_apply(x, mean, rstd, w, b, mask, NORM: tl.constexpr):
+def norm_apply(x, mean, rstd, w, b, NORM: tl.constexpr):
     """The norm of x from its statistics, weight w and bias b ([BLOCK_C], shared by the heads, 0 on padding lanes:
     load_norm_param).
 
@@ -127,14 +127,14 @@ def norm_apply(x, mean, rstd, w, b, mask, NORM: tl.constexpr):
 
 
 @triton.jit
-def normalize_heads(x, w, b, mask, C, eps, NORM: tl.constexpr):
+def normalize_heads(x, w, b, C, eps, NORM: tl.constexpr):
     """The norm of every head of a [..., BLOCK_H, BLOCK_C] tile (weight and bias shared by the heads), or x
     itself with NORM_NONE."""
     if NORM == NORM_NONE:
         y = x
     else:
         mean, rstd = norm_stats(x, C, eps, NORM)
-        y = norm_apply(x, mean, rstd, w, b, mask, NORM)
+        y = norm_apply(x, mean, rstd, w, b, NORM)
     return y
 
 
