@@ -8,7 +8,13 @@ before the multiply, because M*H*C passes 2**31 on the largest graphs.
 import triton
 import triton.language as tl
 
-from gtnorm.layernorm.math import layer_norm_affine, layer_norm_backward, layer_norm_normalized, layer_norm_stats
+from gtnorm.layernorm.math import (
+    layer_norm_affine,
+    layer_norm_backward,
+    layer_norm_forward,
+    layer_norm_normalized,
+    layer_norm_stats,
+)
 from gtnorm.rmsnorm.math import rms_norm_backward, rms_norm_rstd
 
 
@@ -132,6 +138,8 @@ def normalize_heads(x, w, b, C, eps, NORM: tl.constexpr):
     itself with NORM_NONE."""
     if NORM == NORM_NONE:
         y = x
+    elif NORM == NORM_LAYER:
+        y = layer_norm_forward(x, w, b, C, eps, len(x.shape) - 1)
     else:
         mean, rstd = norm_stats(x, C, eps, NORM)
         y = norm_apply(x, mean, rstd, w, b, NORM)
