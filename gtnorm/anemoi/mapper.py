@@ -3,9 +3,10 @@
 Anemoi's mappers cut their graph into chunks of destinations every step (``GraphPartition.materialise``: a clone
 of a range of edges, destinations and sources relabelled, unconnected sources dropped), so the attention gets a
 new edge_index tensor per chunk, per step and per checkpoint recompute. gtnorm's mappers register each chunk as
-derived from the mapper's edge_index (gtnorm.triton.layout_cache.register_derived_graph): where that edge_index
-is known to the layout cache by identity (Anemoi's graph provider converted by use_gtnorm_attention registers its
-expansion), a chunk's layout is found by identity from the second step on, with no compare and no host sync.
+derived from the mapper's edge_index (gtnorm.triton.layout_cache.register_derived_graph): a chunk's layout is
+found by identity, with no compare and no host sync, wherever that edge_index is the one of an earlier step or is
+registered (Anemoi's graph provider converted by use_gtnorm_attention registers its expansion); a new, unregistered
+edge_index costs one content compare per step, not one per chunk.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ fresh ``torch.cat``, clones it per mapper chunk, and runs again under checkpoint
    the CUDA context: an in-place write into an inference tensor already used as a graph is never served silently);
 2. content: compared element for element on the device with every cached graph of matching size, and with
    B disjoint copies of every cached graph (Anemoi's batch expansion): one host sync, then a hit;
-3. a new graph: its layout is built (with the visiting-order search, once per graph) and cached.
+3. a new graph: kept, and its layout built (with the visiting-order search, once per graph) when a layer asks.
 
 Code that knows how it made a tensor can say so instead of having it compared: :func:`register_batch_copies`
 (B copies of a base graph, as Anemoi's graph providers expand it) and :func:`register_derived_graph` (the output
@@ -43,7 +43,9 @@ class _CachedGraph:
     edge_index: Tensor  # [2, M]: a private copy of the content, to compare new tensors with
     num_src: int
     num_dst: int
-    layouts: dict[int, GraphLayout] = field(default_factory=dict)  # by number of copies; 1: the graph itself
+    # By number of copies; 1: the graph itself. Built at the first lookup that needs one: a graph kept only as the
+    # source of derived graphs (a mapper's whole graph, whose chunks the layers see) never builds its own.
+    layouts: dict[int, GraphLayout] = field(default_factory=dict)
     contents: dict[int, Tensor] = field(default_factory=dict)  # [2, B * M] by copies B > 1, for inference checks
     # (source copies, derivation, num_nodes) -> (graph, copies) of what a registered derivation of this graph
     # gave the first time it was looked up (LayoutCache.register_derived_graph).
@@ -86,7 +88,13 @@ class _CachedGraph:
 
     def layout(self, copies: int) -> GraphLayout:
         if copies not in self.layouts:
-            self.layouts[copies] = self.layouts[1].repeat(copies)
+            if copies == 1:
+                # Outside inference mode, so that a layout first met during inference serves training later (the
+                # autograd of the attention saves its index tensors, which inference tensors cannot be).
+                with torch.inference_mode(False):
+                    self.layouts[1] = GraphLayout.from_edge_index(self.edge_index, (self.num_src, self.num_dst))
+            else:
+                self.layouts[copies] = self.layout(1).repeat(copies)
         return self.layouts[copies]
 
 
@@ -190,10 +198,11 @@ class LayoutCache:
         by content at its lookup (one host sync) and what it matched is kept with the source's graph; later ones
         are found by identity: no compare, no host sync.
 
-        The source must be known by identity (looked up or registered before), else nothing is recorded; likewise
-        if it is an inference tensor and edge_index is not. The caller vouches for the determinism: nothing is
-        compared after the first time (an inference tensor's lookups check its content, as every identity hit of
-        one does).
+        The source is looked up at edge_index's first lookup: by identity, else by content (one host sync, once per
+        source tensor; a new source graph is kept without building its layout). Nothing is recorded if the source
+        is an inference tensor and edge_index is not. The caller vouches for the determinism: nothing is compared
+        after the first time (an inference tensor's lookups check its content, as every identity hit of one
+        does).
 
         Shapes: edge_index [2, M'], source [2, M].
         """
@@ -269,13 +278,11 @@ class LayoutCache:
         source = provenance.source()
         if source is None or _identity_key(source, *provenance.source_num_nodes) != provenance.source_key:
             return None, None
+        # Also a source the layers never see (a mapper's whole graph: they get its chunks) is found here, by content
+        # the first time, so that its derivations hit by identity from then on.
+        graph, copies = self._find(source, *provenance.source_num_nodes)
         if provenance.copies:
-            graph, copies = self._find(source, *provenance.source_num_nodes)
             return (graph, copies * provenance.copies), None
-        source_found, _ = self._find_by_identity(provenance.source_key)
-        if source_found is None:
-            return None, None
-        graph, copies = source_found
         derived_key = (copies, provenance.derivation, num_nodes)
         with self._lock:
             found = graph.derived.get(derived_key)
@@ -297,11 +304,9 @@ class LayoutCache:
                 self._sweep_at = max(64, 2 * len(self._aliases))
 
     def _add(self, edge_index: Tensor, num_src: int, num_dst: int) -> _CachedGraph:
-        # Built outside inference mode, so that a layout first met during inference serves training later (the
-        # autograd of the attention saves its index tensors, which inference tensors cannot be).
+        # The copy is a normal tensor, so that a graph first met during inference serves training later.
         with torch.inference_mode(False):
-            layout = GraphLayout.from_edge_index(edge_index, (num_src, num_dst))
-            graph = _CachedGraph(edge_index.clone(), num_src, num_dst, {1: layout})
+            graph = _CachedGraph(edge_index.clone(), num_src, num_dst)
         with self._lock:
             self._graphs[id(graph)] = graph
             while len(self._graphs) > self.max_graphs:
