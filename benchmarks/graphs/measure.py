@@ -92,6 +92,22 @@ def measure_call(
     return measured if measured is not None else Measurement(status)
 
 
+def retime_call(
+    fn: Callable[[], object], device: torch.device, settings: TimingSettings, leaves: Sequence[torch.Tensor]
+) -> float | None:
+    """measure_call's time alone, for another round of a call already measured (warm); None if it fails now."""
+    if device.type != "cuda":
+        ms = _cpu_median_ms(fn, settings.cpu_reps, leaves)
+    else:
+        ms, _ = guarded(
+            lambda: triton.testing.do_bench(
+                fn, warmup=settings.warmup_ms, rep=settings.rep_ms, grad_to_none=list(leaves), return_mode="median"
+            )
+        )
+    clear_grads(leaves)
+    return ms
+
+
 def _cpu_median_ms(fn: Callable[[], object], reps: int, leaves: Sequence[torch.Tensor] = ()) -> float:
     times = []
     for _ in range(max(reps, 1)):
