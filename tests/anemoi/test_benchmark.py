@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("anemoi.models", reason="needs anemoi-models")
 pytest.importorskip("scipy", reason="the benchmark graphs need scipy")
 
-from benchmarks.anemoi import report, run  # noqa: E402
+from benchmarks.anemoi import report, run, step_profile  # noqa: E402
 from benchmarks.graphs.catalog import BenchGraph  # noqa: E402
 from tests.anemoi.setups import random_edges  # noqa: E402
 
@@ -50,3 +50,15 @@ def test_rows_are_measured_and_written(kind, device, tmp_path, capsys):
     assert f"| {kind} | rms | bf16 |" in (tmp_path / "results.md").read_text()
     report.print_summary(results)
     assert kind in capsys.readouterr().out
+
+
+def test_step_profile_measures_both_modes(device):
+    """benchmarks/anemoi/step_profile.py on a tiny processor: per-step times and counts for training and inference."""
+    edge_index = random_edges(10, 10, torch.Generator().manual_seed(1))
+    problem = run.make_problem(TINY, "processor", BenchGraph("tiny", "processor", edge_index, 10, 10, "tiny"), device)
+    module = run.build_modules(TINY, "processor", "layer", device)["gtnorm"]
+    for mode, fn in step_profile.step_calls(module, problem, torch.bfloat16, device).items():
+        profile = step_profile.profile_call(fn, device, steps=1, warmup=1)
+        assert profile["wall_ms"] >= profile["host_ms"] > 0, mode
+        assert (profile["gpu_ms"] is None) == (device.type != "cuda")
+        assert profile["syncs"] >= 0 and len(profile["top"]) <= step_profile.TOP_KERNELS

@@ -1,0 +1,111 @@
+"""Where a block's step goes, Anemoi's Triton backend against gtnorm's drop-in: host time, GPU time, launches and
+host syncs per training step or inference call (the level-5 / O96 blocks are host-bound, so their in-block
+ratios say more about the host path than about the kernels).
+
+    python -m benchmarks.anemoi.step_profile --modules "encoder O96->r5" "processor r5" --norm off
+
+Per side: wall ms per step (synchronised), host ms per step (the calls returned, before the final sync), GPU
+kernel ms per step, kernels launched and host syncs (cudaStreamSynchronize / cudaDeviceSynchronize) per step, and
+the kernels that took most GPU time. Needs a CUDA device and anemoi-models, as ``python -m benchmarks.anemoi``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from benchmarks.anemoi.run import DTYPES, MODULES, NORMS, ModelSpec, build_modules, make_problem
+from benchmarks.graphs.catalog import load_graph
+
+SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize")
+TOP_KERNELS = 8
+
+
+def step_calls(module: torch.nn.Module, problem, dtype: torch.dtype, device: torch.device) -> dict:
+    """{"train": a training step (gradients of the inputs and parameters reset first), "infer": inference}."""
+    leaves = [*problem.leaves(), *module.parameters()]
+    with torch.autocast(device.type, dtype=dtype):
+        grad_out = torch.randn_like(problem.forward(module)).detach()
+
+    def train():
+        module.train()
+        for t in leaves:
+            t.grad = None
+        with torch.autocast(device.type, dtype=dtype):
+            out = problem.forward(module)
+        out.backward(grad_out)
+
+    def infer():
+        module.eval()
+        with torch.inference_mode(), torch.autocast(device.type, dtype=dtype):
+            problem.forward(module)
+
+    return {"train": train, "infer": infer}
+
+
+def profile_call(fn, device: torch.device, steps: int, warmup: int = 3) -> dict:
+    """Per-step wall, host and GPU time (ms), kernels, host syncs and the top kernels of ``steps`` calls of fn."""
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    host = time.perf_counter() - start
+    synchronize()
+    wall = time.perf_counter() - start
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            fn()
+        synchronize()
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CUDA]
+    top = sorted(kernels, key=lambda e: -e.device_time_total)[:TOP_KERNELS]
+    return {
+        "wall_ms": 1e3 * wall / steps,
+        "host_ms": 1e3 * host / steps,
+        "gpu_ms": sum(e.device_time_total for e in kernels) / steps / 1e3 if device.type == "cuda" else None,
+        "kernels": sum(e.count for e in kernels) / steps,
+        "syncs": sum(e.count for e in events if e.key in SYNC_EVENTS) / steps,
+        "top": [(e.key, e.device_time_total / steps / 1e3, e.count / steps) for e in top],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.anemoi.step_profile", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--modules", nargs="+", choices=list(MODULES), default=["encoder O96->r5", "processor r5"])
+    parser.add_argument("--norm", choices=list(NORMS), default="off")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="fp16")
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.anemoi.step_profile needs a CUDA device (as benchmarks.anemoi)")
+    device, spec = torch.device("cuda"), ModelSpec()
+    for name in args.modules:
+        kind, graph_name = MODULES[name]
+        graph = load_graph(graph_name)
+        print(f"## {name} ({graph_name}: {graph.num_src} -> {graph.num_dst}, {graph.num_edges} edges), "
+              f"QK norm {args.norm}, {args.dtype}")  # fmt: skip
+        modules = build_modules(spec, kind, args.norm, device)
+        problem = make_problem(spec, kind, graph, device)
+        for side in ("anemoi", "gtnorm"):
+            for mode, fn in step_calls(modules[side], problem, DTYPES[args.dtype], device).items():
+                p = profile_call(fn, device, args.steps)
+                print(f"{side:7s} {mode}: wall {p['wall_ms']:.2f} ms, host {p['host_ms']:.2f} ms, "
+                      f"GPU {p['gpu_ms']:.2f} ms, {p['kernels']:.0f} kernels, {p['syncs']:.1f} host syncs")  # fmt: skip
+                for key, ms, count in p["top"]:
+                    print(f"    {ms:7.3f} ms  x{count:5.1f}  {key[:90]}")
+        del modules, problem
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
