@@ -32,9 +32,9 @@ def _centred(x, mean, n_cols, AXIS: tl.constexpr):
 @triton.jit
 def _moments(x, n_cols, eps, AXIS: tl.constexpr):
     """(mean, centred row, rstd) of x along AXIS (the last axis); mean and rstd kept as a size-1 axis."""
-    mean = tl.sum(x, axis=AXIS, keep_dims=True) * (1.0 / n_cols)
+    mean = tl.sum(x, axis=AXIS, keep_dims=True) / n_cols
     centred = _centred(x, mean, n_cols, AXIS)
-    var = tl.sum(centred * centred, axis=AXIS, keep_dims=True) * (1.0 / n_cols)
+    var = tl.sum(centred * centred, axis=AXIS, keep_dims=True) / n_cols
     # Finite even for an all-zero row with eps = 0 (a padding head): it then normalises to 0, not to 0 * inf.
     return mean, centred, tl.minimum(tl.rsqrt(var + eps), FLOAT32_MAX)
 
@@ -82,6 +82,6 @@ def layer_norm_backward(x_hat, rstd, w, dy, mask, n_cols, AXIS: tl.constexpr):
     them over their rows themselves, so that they control the order of the reduction.
     """
     g = tl.where(mask, dy * w, 0.0)
-    mean_g = tl.sum(g, axis=AXIS, keep_dims=True) * (1.0 / n_cols)
-    mean_gx = tl.sum(g * x_hat, axis=AXIS, keep_dims=True) * (1.0 / n_cols)
+    mean_g = tl.sum(g, axis=AXIS, keep_dims=True) / n_cols
+    mean_gx = tl.sum(g * x_hat, axis=AXIS, keep_dims=True) / n_cols
     return (g - mean_g - x_hat * mean_gx) * rstd

@@ -12,7 +12,7 @@ import triton.language as tl
 @triton.jit
 def rms_norm_rstd(x, n_cols, eps, AXIS: tl.constexpr):
     """1 / sqrt(mean(x^2) + eps) along AXIS, kept as a size-1 axis so it broadcasts against x."""
-    mean_sq = tl.sum(x * x, axis=AXIS, keep_dims=True) * (1.0 / n_cols)
+    mean_sq = tl.sum(x * x, axis=AXIS, keep_dims=True) / n_cols
     return tl.rsqrt(mean_sq + eps)
 
 
@@ -32,5 +32,5 @@ def rms_norm_backward(x, rstd, w, dy, n_cols, AXIS: tl.constexpr):
     """
     x_hat = x * rstd
     g = dy * w
-    mean_gx = tl.sum(g * x_hat, axis=AXIS, keep_dims=True) * (1.0 / n_cols)
+    mean_gx = tl.sum(g * x_hat, axis=AXIS, keep_dims=True) / n_cols
     return (g - x_hat * mean_gx) * rstd
