@@ -162,6 +162,29 @@ def make_problem(spec: ModelSpec, kind: str, graph, device: torch.device) -> Pro
     return problem
 
 
+def inference_call(module: torch.nn.Module, problem: Problem, dtype: torch.dtype, device: torch.device):
+    """The module's inference on the problem (``torch.inference_mode``, autocast to dtype), returning its output."""
+
+    def infer():
+        module.eval()
+        with torch.inference_mode(), torch.autocast(device.type, dtype=dtype):
+            return problem.forward(module)
+
+    return infer
+
+
+def training_call(module: torch.nn.Module, problem: Problem, dtype: torch.dtype, device: torch.device, grad_out):
+    """A training step of the module on the problem: forward under autocast to dtype, backward from grad_out."""
+
+    def train_step():
+        module.train()
+        with torch.autocast(device.type, dtype=dtype):
+            out = problem.forward(module)
+        out.backward(grad_out)
+
+    return train_step
+
+
 def measure_row(
     modules, problem: Problem, dtype: torch.dtype, settings: TimingSettings, device, rounds: int = 1
 ) -> dict:
@@ -175,12 +198,7 @@ def measure_row(
     for side in SIDES:
         module = modules[side]
         leaves = [*problem.leaves(), *module.parameters()]
-
-        def infer(module=module):
-            module.eval()
-            with torch.inference_mode(), torch.autocast(device.type, dtype=dtype):
-                return problem.forward(module)
-
+        infer = inference_call(module, problem, dtype, device)
         out, status = guarded(infer)
         if out is None:
             row[side] = {"train": asdict(Measurement(status)), "infer": asdict(Measurement(status))}
@@ -188,13 +206,7 @@ def measure_row(
         outputs[side] = out.float()
         grad_out = torch.randn_like(out, dtype=out.dtype)  # outside inference_mode: a normal tensor
         del out
-
-        def train_step(module=module, grad_out=grad_out):
-            module.train()
-            with torch.autocast(device.type, dtype=dtype):
-                out = problem.forward(module)
-            out.backward(grad_out)
-
+        train_step = training_call(module, problem, dtype, device, grad_out)
         row[side] = {
             "train": asdict(measure_call(train_step, device, settings, leaves)),
             "infer": asdict(measure_call(infer, device, settings, [])),
@@ -202,9 +214,9 @@ def measure_row(
         calls[side] = {"train": (train_step, leaves), "infer": (infer, [])}
         del grad_out
         free_memory()
-    for mode_rows in (row[side] for side in calls):
-        for measured in mode_rows.values():
-            measured["ms_rounds"] = [measured["ms"]] if measured["ms"] is not None else []
+    measured_calls = [row[side][mode] for side in calls for mode in calls[side]]
+    for measured in measured_calls:
+        measured["ms_rounds"] = [measured["ms"]] if measured["ms"] is not None else []
     for _ in range(rounds - 1):
         for side, side_calls in calls.items():
             for mode, (fn, leaves) in side_calls.items():
@@ -212,10 +224,9 @@ def measure_row(
                     ms = retime_call(fn, device, settings, leaves)
                     if ms is not None:
                         row[side][mode]["ms_rounds"].append(ms)
-    for mode_rows in (row[side] for side in calls):
-        for measured in mode_rows.values():
-            if measured["ms_rounds"]:
-                measured["ms"] = statistics.median(measured["ms_rounds"])
+    for measured in measured_calls:
+        if measured["ms_rounds"]:
+            measured["ms"] = statistics.median(measured["ms_rounds"])
     calls.clear()
     free_memory()
     if {"anemoi", "gtnorm"} <= outputs.keys():

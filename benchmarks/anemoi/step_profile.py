@@ -16,31 +16,33 @@ import time
 
 import torch
 
-from benchmarks.anemoi.run import DTYPES, MODULES, NORMS, ModelSpec, build_modules, make_problem
+from benchmarks.anemoi.run import (
+    DTYPES,
+    MODULES,
+    NORMS,
+    ModelSpec,
+    build_modules,
+    inference_call,
+    make_problem,
+    training_call,
+)
 from benchmarks.graphs.catalog import load_graph
+from benchmarks.graphs.measure import clear_grads
 
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize")
 TOP_KERNELS = 8
 
 
 def step_calls(module: torch.nn.Module, problem, dtype: torch.dtype, device: torch.device) -> dict:
-    """{"train": a training step (gradients of the inputs and parameters reset first), "infer": inference}."""
+    """{"train": a training step, "infer": inference}, as ``python -m benchmarks.anemoi`` times them."""
+    infer = inference_call(module, problem, dtype, device)
+    grad_out = torch.randn_like(infer())  # outside inference_mode: a normal tensor
+    train_step = training_call(module, problem, dtype, device, grad_out)
     leaves = [*problem.leaves(), *module.parameters()]
-    with torch.autocast(device.type, dtype=dtype):
-        grad_out = torch.randn_like(problem.forward(module)).detach()
 
-    def train():
-        module.train()
-        for t in leaves:
-            t.grad = None
-        with torch.autocast(device.type, dtype=dtype):
-            out = problem.forward(module)
-        out.backward(grad_out)
-
-    def infer():
-        module.eval()
-        with torch.inference_mode(), torch.autocast(device.type, dtype=dtype):
-            problem.forward(module)
+    def train():  # gradients reset first, as do_bench's grad_to_none does: no accumulation kernels in the step
+        clear_grads(leaves)
+        train_step()
 
     return {"train": train, "infer": infer}
 

@@ -82,10 +82,7 @@ def measure_call(
             return Measurement("ok", _cpu_median_ms(fn, settings.cpu_reps, leaves))
         fn()  # Triton and torch.compile compile here; errors surface before anything is timed
         peak, extra = _peak_memory_mib(fn, device, leaves)
-        ms = triton.testing.do_bench(
-            fn, warmup=settings.warmup_ms, rep=settings.rep_ms, grad_to_none=list(leaves), return_mode="median"
-        )
-        return Measurement("ok", ms, peak, extra)
+        return Measurement("ok", _gpu_median_ms(fn, settings, leaves), peak, extra)
 
     measured, status = guarded(measure)
     clear_grads(leaves)
@@ -99,13 +96,15 @@ def retime_call(
     if device.type != "cuda":
         ms = _cpu_median_ms(fn, settings.cpu_reps, leaves)
     else:
-        ms, _ = guarded(
-            lambda: triton.testing.do_bench(
-                fn, warmup=settings.warmup_ms, rep=settings.rep_ms, grad_to_none=list(leaves), return_mode="median"
-            )
-        )
+        ms, _ = guarded(lambda: _gpu_median_ms(fn, settings, leaves))
     clear_grads(leaves)
     return ms
+
+
+def _gpu_median_ms(fn: Callable[[], object], settings: TimingSettings, leaves: Sequence[torch.Tensor]) -> float:
+    return triton.testing.do_bench(
+        fn, warmup=settings.warmup_ms, rep=settings.rep_ms, grad_to_none=list(leaves), return_mode="median"
+    )
 
 
 def _cpu_median_ms(fn: Callable[[], object], reps: int, leaves: Sequence[torch.Tensor] = ()) -> float:
