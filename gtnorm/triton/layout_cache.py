@@ -278,11 +278,14 @@ class LayoutCache:
         source = provenance.source()
         if source is None or _identity_key(source, *provenance.source_num_nodes) != provenance.source_key:
             return None, None
-        # Also a source the layers never see (a mapper's whole graph: they get its chunks) is found here, by content
-        # the first time, so that its derivations hit by identity from then on.
-        graph, copies = self._find(source, *provenance.source_num_nodes)
         if provenance.copies:
+            graph, copies = self._find(source, *provenance.source_num_nodes)
             return (graph, copies * provenance.copies), None
+        # A derived graph's own lookup checks an inference tensor's content, so its source's identity hit needs no
+        # device check of its own; a source the layers never see (a mapper's whole graph: they get its chunks) is
+        # found here, by content the first time, so that its derivations hit by identity from then on.
+        source_found, _ = self._find_by_identity(provenance.source_key)
+        graph, copies = source_found or self._find(source, *provenance.source_num_nodes)
         derived_key = (copies, provenance.derivation, num_nodes)
         with self._lock:
             found = graph.derived.get(derived_key)
