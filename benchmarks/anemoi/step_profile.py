@@ -12,6 +12,9 @@ the kernels that took most GPU time. Needs a CUDA device and anemoi-models, as `
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import time
 
 import torch
@@ -31,6 +34,7 @@ from benchmarks.graphs.measure import clear_grads
 
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize")
 TOP_KERNELS = 8
+TOP_FUNCTIONS = 25
 
 
 def step_calls(module: torch.nn.Module, problem, dtype: torch.dtype, device: torch.device) -> dict:
@@ -79,6 +83,22 @@ def profile_call(fn, device: torch.device, steps: int, warmup: int = 3) -> dict:
     }
 
 
+def python_profile(fn, steps: int, warmup: int = 3) -> str:
+    """cProfile of ``steps`` calls of fn: the functions with most own time, then most time inside them."""
+    for _ in range(warmup):
+        fn()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        fn()
+    profiler.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text).strip_dirs()
+    stats.sort_stats("tottime").print_stats(TOP_FUNCTIONS)
+    stats.sort_stats("cumulative").print_stats(TOP_FUNCTIONS)
+    return text.getvalue()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.anemoi.step_profile", description=__doc__.split("\n\n")[0]
@@ -87,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--norm", choices=list(NORMS), default="off")
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp16")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--python", action="store_true", help="add a cProfile of each side's step (host Python)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.anemoi.step_profile needs a CUDA device (as benchmarks.anemoi)")
@@ -105,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
                       f"GPU {p['gpu_ms']:.2f} ms, {p['kernels']:.0f} kernels, {p['syncs']:.1f} host syncs")  # fmt: skip
                 for key, ms, count in p["top"]:
                     print(f"    {ms:7.3f} ms  x{count:5.1f}  {key[:90]}")
+                if args.python:
+                    print(python_profile(fn, args.steps))
         del modules, problem
         torch.cuda.empty_cache()
 

@@ -144,8 +144,8 @@ class GraphLayout:
         Shapes: edge_index [2, M]; dst_order [N_dst]; src_order [N_src].
         """
         check_edge_index_format(edge_index)
-        src, dst = edge_index[0].long(), edge_index[1].long()
-        to_search = search_order and (dst_order is None or src_order is None) and src.numel() > 0
+        num_edges = edge_index.shape[1]
+        to_search = search_order and (dst_order is None or src_order is None) and num_edges > 0
         # Node ids are checked first (one sync) where an order indexes with them; the plain build needs no such
         # index and checks them with the one sync it makes anyway, at the end.
         checked = num_nodes is None or to_search or dst_order is not None or src_order is not None
@@ -155,6 +155,8 @@ class GraphLayout:
             num_src, num_dst = _resolve_num_nodes(num_nodes, 0)
         dst_order = _checked_order(dst_order, num_dst, "dst_order", edge_index.device)
         src_order = _checked_order(src_order, num_src, "src_order", edge_index.device)
+        if checked:  # an order indexes with the ids: int64 (views of an int64 edge_index)
+            src, dst = edge_index[0].long(), edge_index[1].long()
         if to_search:
             # Sources and destinations may be one node set (a processor graph): then one smoothed order serves
             # both walks. If they are not, the model simply scores that candidate low.
@@ -163,18 +165,30 @@ class GraphLayout:
                 dst_order = visiting_order(dst, src, num_dst, smoothed)
             if src_order is None:
                 src_order = visiting_order(src, dst, num_src, smoothed)
-        by_dst = _SortedEdges.of(dst, src, dst_order, num_dst)
-        by_src = _SortedEdges.of(src, dst, src_order, num_src)
-        counts = [by_dst.num_busy, by_src.num_busy]
-        if not checked and src.numel():
-            counts += [*torch.aminmax(src), *torch.aminmax(dst)]
-        counts = torch.stack(counts).tolist()  # the build's one host sync
-        if not checked and src.numel():
-            _check_index_range(*counts[2:], num_src, num_dst)
+        # A walk in the caller's numbering sorts int32 ids: half the radix passes of int64 keys, and its arrays
+        # come out in the kernels' int32 with no conversions (both rows converted in one op).
+        src32, dst32 = edge_index.int() if dst_order is None or src_order is None else (None, None)
+        if dst_order is None:
+            by_dst = _SortedEdges.of(dst32, src32, num_dst)
+        else:
+            by_dst = _SortedEdges.of_order(dst, src, dst_order)
+        if src_order is None:
+            by_src = _SortedEdges.of(src32, dst32, num_src)
+        else:
+            by_src = _SortedEdges.of_order(src, dst, src_order)
+        counts = [by_dst.num_busy.view(1), by_src.num_busy.view(1)]
+        if not checked and num_edges:
+            # The range check reads the ids as given (an int64 id past int32 would wrap in the sorted copy).
+            lowest, highest = torch.aminmax(edge_index, dim=1)  # [2]: source, destination
+            counts += [lowest.long(), highest.long()]
+        counts = torch.cat(counts).tolist()  # the build's one host sync
+        if not checked and num_edges:
+            lo_src, lo_dst, hi_src, hi_dst = counts[2:]
+            _check_index_range(lo_src, hi_src, lo_dst, hi_dst, num_src, num_dst)
         return cls(
             num_src=num_src,
             num_dst=num_dst,
-            num_edges=src.numel(),
+            num_edges=num_edges,
             by_dst=by_dst.walk(counts[0]),
             by_src=by_src.walk(counts[1]),
         )
@@ -185,49 +199,56 @@ class _SortedEdges:
     """An EdgeWalk before the host knows how many nodes have edges (the one number that needs a sync)."""
 
     order: torch.Tensor | None  # [N] int64: the visiting order; None: the caller's numbering
-    degree: torch.Tensor  # [N] int64, by node
+    degree: torch.Tensor  # [N] int64 (int32 in the caller's numbering), by node
     positions: torch.Tensor  # [M] int64: edge ids in walk order
-    node: torch.Tensor  # [M] int64: the walk's node at each position
-    neighbour: torch.Tensor  # [M] int64: the other end at each position
+    node: torch.Tensor  # [M] int64 (int32 in the caller's numbering): the walk's node at each position
+    neighbour: torch.Tensor  # [M]: the other end at each position, as node
     num_busy: torch.Tensor  # [] int64 on the device
-    node_offsets: torch.Tensor | None  # [N + 1] int64: the offsets by node (order None only)
+    node_offsets: torch.Tensor | None  # [N + 1] int32: the offsets by node (order None only)
 
     @classmethod
-    def of(cls, node, neighbour, order, num_nodes: int) -> _SortedEdges:
-        """``order`` None: the caller's numbering. Then node ids need not be checked yet: nothing is gathered
-        with them, and ids out of range only leave the walk (the caller raises before using it)."""
-        node_offsets = None
-        if order is None:
-            # Sorting by node is sorting by slot when every node has edges (the common case, settled in walk()),
-            # so one stable sort gives the walk, and the offsets and degrees with it.
-            walk_node, positions = torch.sort(node, stable=True)
-            node_offsets = torch.searchsorted(walk_node, torch.arange(num_nodes + 1, device=node.device))
-            degree = node_offsets.diff()
-        else:
-            degree = torch.zeros(num_nodes, dtype=torch.int64, device=node.device)
-            degree.index_add_(0, node, torch.ones_like(node))  # integer sums: the same on every run
-            positions = _walk_positions(node, order)
-            walk_node = node[positions]
+    def of(cls, node, neighbour, num_nodes: int) -> _SortedEdges:
+        """The walk in the caller's numbering, from int32 ids. Node ids need not be checked yet: nothing is
+        gathered with them, and ids out of range only leave the walk (the caller raises before using it)."""
+        # Sorting by node is sorting by slot when every node has edges (the common case, settled in walk()),
+        # so one stable sort gives the walk, and the offsets and degrees with it.
+        walk_node, positions = torch.sort(node, stable=True)
+        slots = torch.arange(num_nodes + 1, dtype=torch.int32, device=node.device)
+        node_offsets = torch.searchsorted(walk_node, slots, out_int32=True)
+        degree = node_offsets.diff()
         num_busy = torch.count_nonzero(degree)
-        return cls(order, degree, positions, walk_node, neighbour[positions], num_busy, node_offsets)
+        return cls(None, degree, positions, walk_node, neighbour[positions], num_busy, node_offsets)
+
+    @classmethod
+    def of_order(cls, node, neighbour, order) -> _SortedEdges:
+        """The walk in a visiting order (int64 ids, checked)."""
+        degree = torch.zeros(order.numel(), dtype=torch.int64, device=node.device)
+        degree.index_add_(0, node, torch.ones_like(node))  # integer sums: the same on every run
+        positions = _walk_positions(node, order)
+        num_busy = torch.count_nonzero(degree)
+        return cls(order, degree, positions, node[positions], neighbour[positions], num_busy, None)
 
     def walk(self, num_busy: int) -> EdgeWalk:
         num_nodes = self.degree.numel()
+        device = self.degree.device
         if self.order is None and num_busy == num_nodes:  # the caller's numbering, every slot busy
-            order, offsets = torch.arange(num_nodes, dtype=torch.int32, device=self.degree.device), self.node_offsets
+            offsets = self.node_offsets
+            order = torch.arange(num_nodes, dtype=torch.int32, device=device)
+            without_edges = torch.empty(0, dtype=torch.int64, device=device)
         else:
-            order = self.order if self.order is not None else torch.arange(num_nodes, device=self.degree.device)
+            order = self.order if self.order is not None else torch.arange(num_nodes, device=device)
             # Nodes without edges to the last slots; a stable sort keeps the visiting order of the rest. Within
             # a node the edges stay as sorted, so positions need no change.
             order = order[torch.argsort((self.degree[order] == 0).to(torch.int8), stable=True)]
             offsets = torch.cumsum(torch.cat([self.degree.new_zeros(1), self.degree[order]]), dim=0)
+            without_edges = torch.sort(order[num_busy:]).values.long()
         return EdgeWalk(
             offsets=offsets.int(),
             node_by_slot=order.int(),
             node=self.node.int(),
             neighbour=self.neighbour.int(),
             edge_id=self.positions.int(),
-            without_edges=torch.sort(order[num_busy:]).values.long(),
+            without_edges=without_edges,
         )
 
 

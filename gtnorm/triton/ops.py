@@ -538,12 +538,22 @@ def _(grad_out, query, key, value, edge_attr, edge_features, edge_weight, edge_b
     )
 
 
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx, inputs, output, layout_on_ctx: bool = False):
+    """``layout_on_ctx``: hold the layout's index tensors as a plain attribute instead of saving them (eager path
+    only: torch.compile's tracing needs every tensor the backward reads saved). They are static (the layout cache
+    owns them, nothing writes them), so the version checks of saved tensors guard nothing there, and under
+    activation checkpointing (Anemoi's blocks) every saved tensor runs a Python pack hook in the forward and an
+    unpack hook in the backward: 11 of each per call, for arrays no recompute needs to rebuild."""
     tensors = inputs[:_TENSOR_INPUTS]
     layout = inputs[_TENSOR_INPUTS : _TENSOR_INPUTS + _LAYOUT_ARGS]
     ctx.qk_norm, ctx.eps_q, ctx.eps_k = inputs[_TENSOR_INPUTS + _LAYOUT_ARGS :]
     _out, lse, query_proj = output
-    ctx.save_for_backward(*tensors, lse, query_proj, *layout)
+    if layout_on_ctx:
+        ctx.save_for_backward(*tensors, lse, query_proj)
+        ctx.layout = layout
+    else:
+        ctx.save_for_backward(*tensors, lse, query_proj, *layout)
+        ctx.layout = None
     edge_features = tensors[_EDGE_FEATURES_INPUT]
     ctx.edge_features_grad = edge_features is not None and edge_features.requires_grad
     ctx.mark_non_differentiable(*(t for t in (lse, query_proj) if t is not None))
@@ -551,7 +561,8 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out, _grad_lse, _grad_query_proj, backward=torch.ops.gtnorm.graph_attention_backward):
     saved = ctx.saved_tensors  # once: under checkpointing each access unpacks them again
-    inputs, layout = saved[:_TENSOR_INPUTS], saved[_TENSOR_INPUTS + 2 :]
+    inputs = saved[:_TENSOR_INPUTS]
+    layout = ctx.layout if ctx.layout is not None else saved[_TENSOR_INPUTS + 2 :]
     lse, query_proj = saved[_TENSOR_INPUTS : _TENSOR_INPUTS + 2]
     edge_features_grad = ctx.edge_features_grad
     grads = backward(
@@ -578,7 +589,7 @@ class _EagerGraphAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, launch, *inputs):
         output = attention_forward(*inputs, launch=launch)
-        _setup_context(ctx, inputs, output)
+        _setup_context(ctx, inputs, output, layout_on_ctx=True)
         ctx.launch = launch
         # lse takes no gradient: without this autograd would allocate and zero-fill one for it at every backward.
         ctx.set_materialize_grads(False)

@@ -345,6 +345,44 @@ def test_backward_is_bitwise_deterministic(dtype, qk_norm):
             assert torch.equal(again[name], first[name]), name
 
 
+@pytest.mark.parametrize("qk_norm", ["rms", "layer"])
+def test_under_activation_checkpointing(qk_norm):
+    """Anemoi checkpoints its blocks: the saved tensors are packed and recomputed; the gradients are bitwise those
+    of a plain call. The layout's index tensors are held on the autograd context, not saved: no pack hook runs
+    for them (each is a Python call per tensor under checkpointing)."""
+    heads, channels = (16, 64) if HAS_CUDA else (2, 8)
+    graph = make_graph("processor_like")
+    inputs = leaf_copies(make_inputs(graph, heads, channels, torch.float32, qk_norm=qk_norm), torch.float32, DEVICE)
+    layout = layout_of(graph)
+    grad_out = torch.randn(graph.num_dst, heads, channels, device=DEVICE)
+
+    def forward(*args):
+        named = dict(zip(INPUT_NAMES, args, strict=True))
+        return gtnorm.graph_transformer_attention(
+            *(named[name] for name in INPUT_NAMES[:4]), layout, qk_norm=qk_norm,
+            **{name: named[name] for name in PARAM_NAMES}, eps=EPS,
+        )  # fmt: skip
+
+    args = [inputs[name] for name in INPUT_NAMES]
+    packed = []
+
+    def pack(t):
+        packed.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward(*args)
+    grads = _grads(out, inputs, grad_out)
+    layout_storage = {t.untyped_storage().data_ptr() for t in layout.tensors() if t.numel()}
+    assert packed and not any(t.untyped_storage().data_ptr() in layout_storage for t in packed)
+
+    checkpointed = torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False)
+    assert torch.equal(checkpointed, out)
+    again = _grads(checkpointed, inputs, grad_out)
+    for name in grads:
+        assert torch.equal(again[name], grads[name]), name
+
+
 def test_result_does_not_depend_on_edge_order():
     graph = make_graph("processor_like")
     inputs = make_inputs(graph, 3, 5, torch.float32)

@@ -136,6 +136,9 @@ def test_num_nodes_forms():
         (torch.tensor([[0, -1], [1, 0]]), None, ValueError, "negative"),
         (torch.tensor([[0, 5], [1, 0]]), (5, 3), ValueError, r"edge_index\[0\] \(source\) holds index 5"),
         (torch.tensor([[0, 1], [3, 0]]), (5, 3), ValueError, r"edge_index\[1\] \(destination\) holds index 3"),
+        # An int64 id that would wrap into range as int32 (the plain build sorts int32 copies of the ids).
+        (torch.tensor([[0, 2**32 + 1], [1, 0]]), (5, 3), ValueError, r"holds index 4294967297"),
+        (torch.tensor([[0, 1], [1, -(2**32) + 2]]), (5, 3), ValueError, "negative"),
         (torch.tensor([[0, 1], [1, 0]]), (2, 2, 2), ValueError, "num_nodes must be"),
         (torch.tensor([[0, 1], [1, 0]]), (2, -1), ValueError, "num_nodes must hold"),
         (torch.tensor([[0, 1], [1, 0]]), (2.0, 2), ValueError, "num_nodes must hold"),
@@ -146,6 +149,17 @@ def test_bad_edge_index_raises(edge_index, num_nodes, exc, fragment, search_orde
     # Without the search, ids are checked after the build's work (clamped until then): the same errors.
     with pytest.raises(exc, match=fragment):
         GraphLayout.from_edge_index(edge_index, num_nodes, search_order=search_order)
+
+
+@pytest.mark.parametrize("graph_name", list(GRAPH_BUILDERS))
+def test_plain_build_is_the_same_from_int32_and_int64_ids(graph_name):
+    graph = make_graph(graph_name, scale=1)
+    sizes = (graph.num_src, graph.num_dst)
+    wide = GraphLayout.from_edge_index(graph.edge_index.to(DEVICE), sizes, search_order=False)
+    narrow = GraphLayout.from_edge_index(graph.edge_index.int().to(DEVICE), sizes, search_order=False)
+    for a, b in zip(wide.tensors(), narrow.tensors(), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert [t.dtype for t in wide.by_dst.tensors()] == [torch.int32] * 5 + [torch.int64]
 
 
 def _expanded(edge_index: torch.Tensor, num_src: int, num_dst: int, copies: int) -> torch.Tensor:
