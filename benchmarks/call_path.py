@@ -10,7 +10,8 @@ Per graph (bf16, C = 64, RMSNorm on q and k with affine weights):
   kernel queued first, so the host loop never waits; a call that syncs shows up as the sleep's length) for
   gtnorm's op on a prebuilt layout, gtnorm's layer with the same edge_index tensor every call and with a fresh
   clone every call, Anemoi's path as its block runs it (torch RMSNorm on q and k, edge_index_to_csc, its Triton
-  kernel) and Anemoi's kernel alone on a prebuilt CSC (no norm).
+  kernel), the same on a prebuilt CSC (the pair of gtnorm's op), and Anemoi's kernel alone on a prebuilt CSC (the
+  pair of gtnorm's op without a norm).
 Needs CUDA; Anemoi's rows need anemoi-models.
 """
 
@@ -118,13 +119,17 @@ def call_rows(graph, heads: int, channels: int, device) -> dict:
                                                  k_norm_weight=w_k, eps=conv.q_norm.eps)  # fmt: skip
         out.backward(grad)
 
+    def op_no_norm():
+        gtnorm.graph_transformer_attention(q, k, v, e, layout).backward(grad)
+
     def layer_same():
         conv(q, k, v, e, edge_index, size=sizes).backward(grad)
 
     def layer_clone():
         conv(q, k, v, e, edge_index.clone(), size=sizes).backward(grad)
 
-    paths = {"gtnorm_op": op, "gtnorm_layer": layer_same, "gtnorm_layer_fresh_clone": layer_clone}
+    paths = {"gtnorm_op": op, "gtnorm_op_no_norm": op_no_norm}
+    paths |= {"gtnorm_layer": layer_same, "gtnorm_layer_fresh_clone": layer_clone}
     if anemoi_conv is not None:
         q_norm = torch.nn.RMSNorm(channels, eps=conv.q_norm.eps).to(device)
         k_norm = torch.nn.RMSNorm(channels, eps=conv.k_norm.eps).to(device)
@@ -138,11 +143,16 @@ def call_rows(graph, heads: int, channels: int, device) -> dict:
             edges = e.index_select(0, perm_) if perm_ is not None else e
             anemoi_conv(q_norm(q), k_norm(k), v, edges, csc_, reverse_).backward(grad)
 
+        def anemoi_norm_kernel():
+            edges = e.index_select(0, perm) if perm is not None else e
+            anemoi_conv(q_norm(q), k_norm(k), v, edges, csc, reverse).backward(grad)
+
         def anemoi_kernel():
             edges = e.index_select(0, perm) if perm is not None else e
             anemoi_conv(q, k, v, edges, csc, reverse).backward(grad)
 
-        paths |= {"anemoi_block_path": anemoi_block, "anemoi_kernel_only": anemoi_kernel}
+        paths |= {"anemoi_block_path": anemoi_block, "anemoi_norm_kernel": anemoi_norm_kernel}
+        paths |= {"anemoi_kernel_only": anemoi_kernel}
     rows = {}
     for name, fn in paths.items():
         rows[f"{name}_gpu_ms"] = gpu_ms(fn, leaves)

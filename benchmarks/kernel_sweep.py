@@ -27,6 +27,7 @@ import gtnorm
 from benchmarks.graphs.catalog import load_graph
 from gtnorm.triton import config as launch_config
 from gtnorm.triton import ops
+from gtnorm.triton.launcher import Launcher
 
 KERNELS = {
     "graph_attention_forward_kernel": "fwd",
@@ -86,6 +87,9 @@ def floor_bytes(n_src: int, n_dst: int, n_edges: int, row_bytes: int, index_byte
     forward = (2 * n_dst + 2 * n_src + n_edges) * row_bytes + index_bytes
     backward = (3 * n_dst + 4 * n_src + 2 * n_edges) * row_bytes + index_bytes
     return forward, backward
+
+
+LAUNCHERS = [value for value in vars(ops).values() if isinstance(value, Launcher)]
 
 
 def record_compiled_kernels() -> dict:
@@ -191,6 +195,8 @@ def main() -> None:
                 problem.forward_backward(qk_norm=qk_norm, launch=launch)
 
             try:
+                for launcher in LAUNCHERS:  # the step's first launches take Triton's path, which records them
+                    launcher.clear()
                 step()
             except Exception as error:  # a setting the compiler rejects: report it, go on with the others
                 print(f"{name:14s} {setting}: failed: {str(error).strip().splitlines()[-1]}", flush=True)

@@ -14,7 +14,6 @@ import inspect
 import math
 
 import torch
-import triton
 from torch import Tensor
 
 from gtnorm._runtime import device_guard, new_output, sm_count
@@ -34,12 +33,23 @@ from gtnorm.triton.config import (
 from gtnorm.triton.edge_features_grad_kernel import edge_features_grad_kernel
 from gtnorm.triton.edge_weight_grad_kernel import edge_weight_grad_kernel
 from gtnorm.triton.forward_kernel import graph_attention_forward_kernel
+from gtnorm.triton.launcher import Launcher
 from gtnorm.triton.node_projection_kernels import add_expanded_rows_kernel, project_rows_kernel
 from gtnorm.triton.partial_sum_kernel import column_sum_kernel
 
 LOG2E = 1.4426950408889634
 # The ops' ``qk_norm`` names -> the kernels' NORM constexpr (tiles.NORM_NONE / NORM_RMS / NORM_LAYER).
 NORM_CODES = {"none": 0, "rms": 1, "layer": 2}
+# Every kernel launches through a Launcher: on small graphs Triton's own per-call argument binding takes longer
+# than the kernels (launcher.py).
+launch_forward_walk = Launcher(graph_attention_forward_kernel)
+launch_by_destination_walk = Launcher(edge_softmax_backward_by_destination_kernel)
+launch_by_source_walk = Launcher(edge_softmax_backward_by_source_kernel)
+launch_project_rows = Launcher(project_rows_kernel)
+launch_add_expanded_rows = Launcher(add_expanded_rows_kernel)
+launch_edge_weight_grad = Launcher(edge_weight_grad_kernel)
+launch_edge_features_grad = Launcher(edge_features_grad_kernel)
+launch_column_sum = Launcher(column_sum_kernel)
 
 
 def attention_forward(
@@ -98,7 +108,7 @@ def attention_forward(
         projection = _Projection(edge_weight, edge_bias, launch.projection) if edge_proj else None
         if edge_proj:
             projection.project(query, q_norm_weight, q_norm_bias, NORM_CODES[qk_norm], eps_q, query_proj)
-        graph_attention_forward_kernel[(triton.cdiv(busy_slots, nodes_per_program), fwd.head_groups)](
+        launch_forward_walk[(cdiv(busy_slots, nodes_per_program), fwd.head_groups)](
             query, key, value,
             edge_attr if edge_attr is not None else query,
             edge_features if edge_proj else query, *_or(lse, query_proj, feature_means),
@@ -199,28 +209,16 @@ def attention_backward(
     grad_value = new_output(value.shape, value.dtype, device)
     has_edge_attr = edge_attr is not None
     grad_edge_attr = new_output(edge_attr.shape, edge_attr.dtype, device) if has_edge_attr else None
-    attn = new_output((num_edges, num_heads), torch.float32, device)
-    grad_attn = new_output((num_edges, num_heads), torch.float32, device)
-    delta = new_output((num_dst, num_heads), torch.float32, device)
     edge_proj = edge_features is not None
     edge_features_grad = edge_proj and edge_features_grad
-    # Per destination: P = sum a x and S = sum dS x / sqrt(C) over its edges (backward_kernels.py), and dO projected
-    # onto the edge weights. Scratch that a call does not use is not allocated: the kernels get another fp32
-    # tensor's pointer there, never read (_or).
-    feature_sums = grad_out_proj = None
-    if edge_proj:
-        extended_dim = _extended_dim(edge_features, edge_bias)
-        feature_sums = new_output((num_dst, 2, num_heads, extended_dim), torch.float32, device)
-        grad_out_proj = new_output((num_dst, num_heads, extended_dim), torch.float32, device)
-
     launch = launch or attention_launch_config(num_heads, head_dim, edge_features is not None)
     by_dst, by_src = launch.by_destination, launch.by_source
     dst_slots = num_dst - dst_without_edges.numel()  # slots with edges come first
     src_slots = num_src - src_without_edges.numel()
     dst_per_program = by_dst.nodes_per_program(num_edges / max(dst_slots, 1))
     src_per_program = by_src.nodes_per_program(num_edges / max(src_slots, 1))
-    dst_programs = triton.cdiv(dst_slots, dst_per_program)
-    src_programs = triton.cdiv(src_slots, src_per_program)
+    dst_programs = cdiv(dst_slots, dst_per_program)
+    src_programs = cdiv(src_slots, src_per_program)
     # One fp32 row per program: the weight's C columns, then the bias's, summed in a fixed order afterwards.
     normed = qk_norm != "none"
     q_params = [p for p in (q_norm_weight, q_norm_bias) if p is not None] if normed else []
@@ -231,8 +229,18 @@ def attention_backward(
     # programs add their own partial rows after the by-destination pass's.
     q_partial_rows = dst_programs * by_dst.head_groups
     q_partial_rows += projection.programs(num_dst) if edge_proj and normed else 0
-    q_partial = new_output((q_partial_rows, q_partial_width), torch.float32, device)
-    k_partial = new_output((src_programs * by_src.head_groups, k_partial_width), torch.float32, device)
+    scratch = [(num_edges, num_heads), (num_edges, num_heads), (num_dst, num_heads)]  # attn, dS, delta
+    scratch += [(q_partial_rows, q_partial_width), (src_programs * by_src.head_groups, k_partial_width)]
+    # With the edge projection, per destination: P = sum a x and S = sum dS x / sqrt(C) over its edges
+    # (backward_kernels.py), and dO projected onto the edge weights. Scratch that a call does not use is not
+    # allocated: the kernels get another fp32 tensor's pointer there, never read (_or).
+    feature_sums = grad_out_proj = None
+    if edge_proj:
+        extended_dim = _extended_dim(edge_features, edge_bias)
+        scratch += [(num_dst, 2, num_heads, extended_dim), (num_dst, num_heads, extended_dim)]
+        attn, grad_attn, delta, q_partial, k_partial, feature_sums, grad_out_proj = _fp32_scratch(device, scratch)
+    else:
+        attn, grad_attn, delta, q_partial, k_partial = _fp32_scratch(device, scratch)
     flags = dict(
         HAS_EDGE_ATTR=has_edge_attr,
         **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight),
@@ -248,7 +256,7 @@ def attention_backward(
             _zero_rows((feature_sums,), dst_without_edges)
             projection.project(grad_out, None, None, NORM_CODES["none"], 0.0, grad_out_proj)
         if dst_programs:
-            edge_softmax_backward_by_destination_kernel[(dst_programs, by_dst.head_groups)](
+            launch_by_destination_walk[(dst_programs, by_dst.head_groups)](
                 query, key, value, edge_attr if has_edge_attr else query,
                 edge_features if edge_proj else query, *_or(attn, query_proj if edge_proj else None, grad_out_proj),
                 q_weight, q_bias, k_weight, k_bias,
@@ -266,7 +274,7 @@ def attention_backward(
                 q_partial, first_partial_row=dst_programs * by_dst.head_groups,
             )  # fmt: skip
         if src_programs:
-            edge_softmax_backward_by_source_kernel[(src_programs, by_src.head_groups)](
+            launch_by_source_walk[(src_programs, by_src.head_groups)](
                 query, key, q_weight, q_bias, k_weight,
                 src_offsets, csr_src, csr_dst, csr_edge_id,
                 grad_out, attn, grad_attn, delta,
@@ -350,7 +358,7 @@ class _Projection:
         num_nodes, num_heads, head_dim = rows.shape
         if num_nodes == 0:
             return
-        project_rows_kernel[(cdiv(num_nodes, self.plan.project_block),)](
+        launch_project_rows[(cdiv(num_nodes, self.plan.project_block),)](
             rows, *_or(rows, norm_weight, norm_bias), *self._weight_args(rows), out,
             num_nodes, num_heads, head_dim, eps,
             NORM=norm, HAS_NORM_WEIGHT=norm_weight is not None, HAS_NORM_BIAS=norm_bias is not None,
@@ -373,7 +381,7 @@ class _Projection:
         num_nodes, num_heads, head_dim = target.shape
         if num_nodes == 0:
             return
-        add_expanded_rows_kernel[(self.programs(num_nodes),)](
+        launch_add_expanded_rows[(self.programs(num_nodes),)](
             sums, sums.stride(0), *self._weight_args(sums), target, *_or(target, query, q_weight),
             *_or(sums, partial), partial.shape[1] if partial is not None else 0, first_partial_row,
             num_nodes, num_heads, head_dim, eps_q,
@@ -401,7 +409,7 @@ class _Projection:
         nodes_per_program = cdiv(cdiv(max(num_dst, 1), programs), block_n) * block_n
         programs = cdiv(max(num_dst, 1), nodes_per_program)
         partial = new_output((programs, extended_dim, num_heads * head_dim), torch.float32, query.device)
-        edge_weight_grad_kernel[(programs, num_heads)](
+        launch_edge_weight_grad[(programs, num_heads)](
             feature_sums, query, grad_out, *_or(query, q_norm_weight, q_norm_bias), partial,
             num_dst, nodes_per_program, num_heads, head_dim, eps_q,
             D1=extended_dim, NORM=norm, HAS_Q_WEIGHT=q_norm_weight is not None, HAS_Q_BIAS=q_norm_bias is not None,
@@ -427,7 +435,7 @@ class _Projection:
         num_edges, edge_dim = edge_features.shape
         grad = new_output(edge_features.shape, edge_features.dtype, edge_features.device)
         if num_edges:
-            edge_features_grad_kernel[(cdiv(num_edges, self.plan.edge_block),)](
+            launch_edge_features_grad[(cdiv(num_edges, self.plan.edge_block),)](
                 csc_dst, csc_edge_id, attn, grad_attn, delta, query_proj, grad_out_proj, grad,
                 num_edges, attn.shape[1], sm_scale,
                 D=edge_dim, D1=query_proj.shape[2], BLOCK_E=self.plan.edge_block,
@@ -454,6 +462,31 @@ def _norm_flags(qk_norm: str, q_weight, q_bias, k_weight) -> dict:
         HAS_K_WEIGHT=k_weight is not None,
         HAS_K_BIAS=False,
     )
+
+
+# Pieces of one scratch allocation start 512 bytes apart, as separate allocations would (the kernels' loads are
+# specialised for 16-byte aligned pointers, and rows stay as coalesced as they would be).
+_SCRATCH_ALIGN = 128
+
+
+def _fp32_scratch(device: torch.device, shapes: list[tuple[int, ...]]) -> list[Tensor]:
+    """Contiguous fp32 scratch tensors of these shapes, views of one allocation: on the small graphs' path every
+    allocation costs ~10 us of host time per call (benchmarks/NOTES.md, v14), a view a fraction of that."""
+    starts, total = [], 0
+    for shape in shapes:
+        starts.append(total)
+        total += cdiv(math.prod(shape), _SCRATCH_ALIGN) * _SCRATCH_ALIGN
+    buffer = new_output((total,), torch.float32, device)
+    pieces = zip(shapes, starts, strict=True)
+    return [buffer.as_strided(shape, _contiguous_strides(shape), start) for shape, start in pieces]
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def _zero_rows(tensors: tuple[Tensor, ...], rows: Tensor) -> None:
@@ -490,7 +523,7 @@ def column_sum(
 ) -> Tensor:  # [C] fp32, summed in a fixed order
     if launch is not None:  # tall: block sums first, then torch sums the few block rows
         sums = torch.empty((launch.programs, rows.shape[1]), dtype=torch.float32, device=rows.device)
-        column_sum_kernel[(launch.programs,)](
+        launch_column_sum[(launch.programs,)](
             rows, sums, rows.shape[0], rows.shape[1], launch.rows_per_program,
             BLOCK_R=launch.block_r, BLOCK_C=launch.block_c,
         )  # fmt: skip

@@ -18,6 +18,7 @@ from gtnorm import _runtime
 from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.triton import ops
 from gtnorm.triton.config import attention_launch_config
+from gtnorm.triton.launcher import Launcher
 from tests.conftest import DEVICE, HAS_CUDA
 from tests.graphs import GRAPH_BUILDERS, SmallGraph, key_bias_error, make_graph, random_inputs, rel_error
 
@@ -542,7 +543,7 @@ def assert_refused_before_launch(kwargs: dict, exc, fragment: str, monkeypatch) 
     """The op called with ``kwargs`` (its arguments by name) raises ``exc`` matching ``fragment``, and no kernel
     has launched by then."""
     launched = []
-    monkeypatch.setattr(ops.graph_attention_forward_kernel, "run", lambda *a, **k: launched.append(1))
+    monkeypatch.setattr(Launcher, "launch", lambda *a, **k: launched.append(1))
     with pytest.raises(exc, match=fragment):
         gtnorm.graph_transformer_attention(
             kwargs.pop("query"), kwargs.pop("key"), kwargs.pop("value"), kwargs.pop("edge_attr"),
