@@ -10,7 +10,8 @@ Triton's specialisation reads (``specialization_key``): per tensor its dtype and
 aligned; per integer whether it is 1, whether it divides by 16 and whether it fits 32 or 64 bits; the type of any
 other value; the exact value of every constexpr and of every option. Calls with equal keys are specialised
 alike, so they run the same binary (tests/triton/test_launcher.py checks the rule against Triton's own
-specialiser). A key seen for the first time, the interpreter, and launch hooks (profilers) take Triton's path.
+specialiser). A key seen for the first time, the interpreter, launch hooks (profilers) and triton < 3.6 take
+Triton's path.
 """
 
 from __future__ import annotations
@@ -18,10 +19,20 @@ from __future__ import annotations
 import inspect
 
 import torch
-from triton import knobs
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
 
+from gtnorm._runtime import TRITON_VERSION
+
+try:
+    from triton import knobs
+except ImportError:  # triton < 3.4: launches take Triton's path (DIRECT_LAUNCH_MIN_TRITON)
+    knobs = None
+
+# The binaries' calling convention and the specialisation rule mirrored here are those of triton >= 3.6 (read in
+# its source; tests/triton/test_launcher.py checks the rule against its specialiser). Older versions, whose
+# convention or hooks differ, always take Triton's path.
+DIRECT_LAUNCH_MIN_TRITON = (3, 6)
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # Keys per kernel: dtypes, alignments, flags and constexprs have few values each; past this something varies
@@ -44,7 +55,8 @@ class Launcher:
     def __init__(self, kernel):
         self.kernel = kernel
         self._binaries: dict = {}  # key -> (compiled kernel, the values of the parameters after the positional ones)
-        self._direct = isinstance(kernel, JITFunction)  # the interpreter runs its own kind of function
+        # The interpreter runs its own kind of function, with no binaries.
+        self._direct = isinstance(kernel, JITFunction) and TRITON_VERSION >= DIRECT_LAUNCH_MIN_TRITON
         if self._direct:
             self._signature = inspect.signature(kernel.fn)
             self._param_names = frozenset(self._signature.parameters)

@@ -10,10 +10,12 @@ import torch
 import triton
 import triton.language as tl
 from triton.backends.compiler import BaseBackend
-from triton.runtime.jit import native_specialize_impl
 
-from gtnorm.triton.launcher import Launcher, specialization_key
+from gtnorm._runtime import TRITON_VERSION
+from gtnorm.triton.launcher import DIRECT_LAUNCH_MIN_TRITON, Launcher, specialization_key
 from tests.conftest import DEVICE, HAS_CUDA
+
+DIRECT = TRITON_VERSION >= DIRECT_LAUNCH_MIN_TRITON
 
 
 def _sample_arguments() -> list:
@@ -25,9 +27,12 @@ def _sample_arguments() -> list:
     return tensors + ints + [0.0, 1.0, 0.5, True, False]
 
 
+@pytest.mark.skipif(not DIRECT, reason="this triton's launches always take its own path")
 def test_key_separates_what_triton_specialises_apart():
     """Equal keys exactly where Triton's own specialiser (that of the installed version) gives equal results: a
     key that merged two of its classes would launch a binary compiled for another kind of argument."""
+    from triton.runtime.jit import native_specialize_impl
+
     samples = _sample_arguments()
     triton_spec = [native_specialize_impl(BaseBackend, a, False, True, True) for a in samples]
     keys = [specialization_key(a) for a in samples]
@@ -63,7 +68,7 @@ def test_launches_as_triton_does(monkeypatch):
     _launch_and_check(launcher, base.half()[1:], 100, scale=0.5)
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="the interpreter has no compiled binaries: every launch takes its path")
+@pytest.mark.skipif(not (HAS_CUDA and DIRECT), reason="interpreted or older triton: every launch takes its path")
 def test_cached_launches_skip_tritons_path(monkeypatch):
     launcher = Launcher(_scaled_copy_kernel)
     base = torch.randn(200, device=DEVICE)
@@ -107,3 +112,18 @@ def test_cached_launch_is_captured_by_a_cuda_graph():
     dst.zero_()
     graph.replay()
     torch.testing.assert_close(dst, src * 3.0, rtol=0, atol=0)
+
+
+def test_older_triton_takes_its_own_path(monkeypatch):
+    """Below DIRECT_LAUNCH_MIN_TRITON every launch goes through kernel[grid] (whose calling convention differs)."""
+    from gtnorm.triton import launcher as launcher_module
+
+    monkeypatch.setattr(launcher_module, "TRITON_VERSION", (3, 3))
+    launcher = Launcher(_scaled_copy_kernel)
+    calls = []
+    run = _scaled_copy_kernel.run
+    monkeypatch.setattr(_scaled_copy_kernel, "run", lambda *a, **k: calls.append(1) or run(*a, **k))
+    base = torch.randn(200, device=DEVICE)
+    for _ in range(3):
+        _launch_and_check(launcher, base, 100)
+    assert len(calls) == 3
