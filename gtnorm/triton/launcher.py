@@ -61,6 +61,7 @@ class Launcher:
             self._signature = inspect.signature(kernel.fn)
             self._param_names = frozenset(self._signature.parameters)
             self._constexpr = tuple(p.is_constexpr for p in kernel.params)
+            self._constexpr_names = frozenset(p.name for p in kernel.params if p.is_constexpr)
 
     def clear(self) -> None:
         """Forgets the binaries: the next launch of every key takes Triton's path (and its hooks) again."""
@@ -92,6 +93,8 @@ class Launcher:
         if binary is None or not hasattr(binary, "packed_metadata"):  # compiled asynchronously: not yet a binary
             return
         params = {name: value for name, value in kwargs.items() if name in self._param_names}
+        if not params.keys() <= self._constexpr_names:
+            return  # a run-time argument passed by name: the key would hold its value, so every call takes this path
         bound = self._signature.bind(*args, **params)
         bound.apply_defaults()
         tail = tuple(bound.arguments.values())[len(args) :]

@@ -86,6 +86,21 @@ def test_cached_launches_skip_tritons_path(monkeypatch):
     assert len(calls) == 3
 
 
+@pytest.mark.skipif(not (HAS_CUDA and DIRECT), reason="interpreted or older triton: every launch takes its path")
+def test_run_time_arguments_by_name_take_tritons_path(monkeypatch):
+    """A run-time argument passed by name is never frozen into a cached launch (nor kept alive by the cache)."""
+    launcher = Launcher(_scaled_copy_kernel)
+    calls = []
+    run = _scaled_copy_kernel.run
+    monkeypatch.setattr(_scaled_copy_kernel, "run", lambda *a, **k: calls.append(1) or run(*a, **k))
+    base = torch.randn(200, device=DEVICE)
+    for scale in (2.0, 3.0):
+        dst = torch.full_like(base, float("nan"))
+        launcher[(4,)](base, dst, n=100, scale=scale, OFFSET=0, BLOCK=32)
+        torch.testing.assert_close(dst[:100], base[:100] * scale, rtol=0, atol=0)
+    assert len(calls) == 2
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="the interpreter has no compiled binaries")
 def test_launch_hooks_take_tritons_path(monkeypatch):
     """A profiler's launch hook sees every launch."""
