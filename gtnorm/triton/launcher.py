@@ -11,7 +11,8 @@ aligned; per integer whether it is 1, whether it divides by 16 and whether it fi
 other value; the exact value of every constexpr and of every option. Calls with equal keys are specialised
 alike, so they run the same binary (tests/triton/test_launcher.py checks the rule against Triton's own
 specialiser). A key seen for the first time, the interpreter, launch hooks (profilers) and triton < 3.6 take
-Triton's path.
+Triton's path. A cached launch skips one more of Triton's per-call checks: that the module globals a kernel reads
+have not changed since it was compiled (gtnorm's kernels read module constants only).
 """
 
 from __future__ import annotations
