@@ -17,8 +17,6 @@ have not changed since it was compiled (gtnorm's kernels read module constants o
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
@@ -59,8 +57,7 @@ class Launcher:
         # The interpreter runs its own kind of function, with no binaries.
         self._direct = isinstance(kernel, JITFunction) and TRITON_VERSION >= DIRECT_LAUNCH_MIN_TRITON
         if self._direct:
-            self._signature = inspect.signature(kernel.fn)
-            self._param_names = frozenset(self._signature.parameters)
+            self._param_names = frozenset(kernel.signature.parameters)
             self._constexpr = tuple(p.is_constexpr for p in kernel.params)
             self._constexpr_names = frozenset(p.name for p in kernel.params if p.is_constexpr)
 
@@ -96,7 +93,7 @@ class Launcher:
         params = {name: value for name, value in kwargs.items() if name in self._param_names}
         if not params.keys() <= self._constexpr_names:
             return  # a run-time argument passed by name: the key would hold its value, so every call takes this path
-        bound = self._signature.bind(*args, **params)
+        bound = self.kernel.signature.bind(*args, **params)
         bound.apply_defaults()
         tail = tuple(bound.arguments.values())[len(args) :]
         if len(self._binaries) >= _MAX_BINARIES:

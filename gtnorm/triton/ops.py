@@ -234,13 +234,11 @@ def attention_backward(
     # With the edge projection, per destination: P = sum a x and S = sum dS x / sqrt(C) over its edges
     # (backward_kernels.py), and dO projected onto the edge weights. Scratch that a call does not use is not
     # allocated: the kernels get another fp32 tensor's pointer there, never read (_or).
-    feature_sums = grad_out_proj = None
     if edge_proj:
         extended_dim = _extended_dim(edge_features, edge_bias)
         scratch += [(num_dst, 2, num_heads, extended_dim), (num_dst, num_heads, extended_dim)]
-        attn, grad_attn, delta, q_partial, k_partial, feature_sums, grad_out_proj = _fp32_scratch(device, scratch)
-    else:
-        attn, grad_attn, delta, q_partial, k_partial = _fp32_scratch(device, scratch)
+    attn, grad_attn, delta, q_partial, k_partial, *projection_scratch = _fp32_scratch(device, scratch)
+    feature_sums, grad_out_proj = projection_scratch or (None, None)
     flags = dict(
         HAS_EDGE_ATTR=has_edge_attr,
         **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight),
