@@ -8,7 +8,7 @@ fused when they are LayerNorm (Anemoi's default, AutocastLayerNorm) or RMSNorm o
 and applied unfused before the kernels otherwise.
 
 A model's graph providers are built inside the model, not from its config: :func:`use_gtnorm_attention` on the
-built model also converts them (and Anemoi's mappers), so that each step's edges and mapper chunks are registered
+built model also converts them (and Anemoi's mappers), so that each step's edges are registered
 with gtnorm's layout cache and found with no host sync (gtnorm/anemoi/graph_provider.py). With the config switch
 alone they are found by content, one host sync per new tensor.
 

@@ -23,10 +23,10 @@ def use_gtnorm_attention(module: nn.Module, graph_attention_backend: str | None 
     returns ``module``.
 
     - Every graph-transformer block runs gtnorm's fused attention + QK norm (gtnorm/anemoi/block.py).
-    - Every StaticGraphProvider registers its per-step expansion into batch copies with gtnorm's layout cache, and
-      every graph-transformer mapper its chunks, so that the layers find their layouts with no host sync from the
-      second step on (gtnorm/anemoi/graph_provider.py, gtnorm/anemoi/mapper.py). The providers' node counts are
-      read to the host here, once.
+    - Every StaticGraphProvider registers its per-step expansion into batch copies with gtnorm's layout cache, so
+      that the layers find their layouts with no host sync from the second step on
+      (gtnorm/anemoi/graph_provider.py); the providers' node counts are read to the host here, once. Every
+      graph-transformer mapper prepares its chunks once per graph, not every step (gtnorm/anemoi/mapper.py).
 
     Parameters, buffers and state_dict keys do not change (gtnorm's classes add none), so this works on a model
     built from any config or loaded from a checkpoint: ``use_gtnorm_attention(model, "triton")``.

@@ -1,54 +1,136 @@
 """Anemoi's graph-transformer encoder and decoder (forward / backward mappers) with gtnorm's fused attention.
 
-Anemoi's mappers cut their graph into chunks of destinations every step (``GraphPartition.materialise``: a clone
-of a range of edges, destinations and sources relabelled, unconnected sources dropped), so the attention gets a
-new edge_index tensor per chunk, per step and per checkpoint recompute. gtnorm's mappers register each chunk as
-derived from the mapper's edge_index (gtnorm.triton.layout_cache.register_derived_graph): a chunk's layout is
-found by identity, with no compare and no host sync, wherever that edge_index is the one of an earlier step or is
-registered (Anemoi's graph provider converted by use_gtnorm_attention registers its expansion); a new, unregistered
-edge_index costs one content compare per step, not one per chunk.
+Every step (and again at each checkpoint recompute) Anemoi's mappers prepare their graph on the device: a
+partition of the destinations into chunks, whose edge counts are read to the host (a degree count and a host sync
+per partition), then per chunk a clone of its edges, destinations relabelled, and the connected sources found
+(``torch.unique``: a sort and a host sync) and relabelled. All of it depends on the graph's content only, so
+gtnorm's mappers compute it once per graph and keep it with the graph's layouts
+(gtnorm.triton.layout_cache.cached_graph_value): the graph is found by identity or registered provenance (no host
+sync; use_gtnorm_attention's graph providers register each step's edges) or by content (one sync per new tensor),
+and a step only slices its features. A chunk's edge_index is then the same tensor every step, so the layers find
+its layout by identity too. When every source of a chunk has edges,
+its source features are the mapper's own tensor, not a gathered copy.
+
+Under a model group of several GPUs, and with ANEMOI_DEBUG_SHARDING set, the mappers prepare their graphs as
+Anemoi's do.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass
 
-from anemoi.models.distributed.khop_edges import GraphPartition
+import torch
+from anemoi.models.distributed import khop_edges
+from anemoi.models.distributed.khop_edges import GraphPartition, build_graph_partition, ensure_edges_are_dst_sorted
+from anemoi.models.distributed.utils import model_is_distributed
 from anemoi.models.layers import mapper as anemoi_mapper
+from torch import Tensor
 
 from gtnorm.anemoi.block import convert_blocks
-from gtnorm.triton.layout_cache import register_derived_graph
+from gtnorm.triton.layout_cache import cached_graph_value
 
 
-class _RegisteredChunkPartition(GraphPartition):
-    """Anemoi's GraphPartition whose materialised chunks are registered as derived from the partitioned graph."""
+@dataclass(frozen=True)
+class _Chunk:
+    """A chunk of a mapper's graph, made once per graph (the sources numbered within the chunk)."""
+
+    edge_index: Tensor  # [2, M_chunk], destinations and sources relabelled to the chunk's
+    edge_version: int  # edge_index's version counter when made: a write into it since, and it is made again
+    src_ids: Tensor | None  # [N_src_chunk]: the chunk's sources in the mapper's numbering; None: all, in order
+
+
+def _fields(partition: GraphPartition) -> tuple:
+    """A partition's fields, in order and hashable."""
+    return (
+        tuple(partition.num_nodes), partition.num_edges, partition.num_parts, tuple(partition.dst_splits),
+        tuple(partition.edge_splits),
+    )  # fmt: skip
+
+
+def _make_chunk(partition: GraphPartition, partition_id: int, edge_index: Tensor, num_src: int) -> _Chunk:
+    """Anemoi's GraphPartition.materialise on edge_index alone: the chunk's edges, destinations relabelled, the
+    sources that have edges kept (sorted) and relabelled."""
+    with torch.inference_mode(False):  # kept for later steps, training ones included
+        edges = partition._get_edge_range(partition_id)
+        dst_start = partition._get_dst_range(partition_id).start
+        src_ids, src_local = torch.unique(edge_index[0, edges], sorted=True, return_inverse=True)
+        chunk = torch.stack([src_local.to(edge_index.dtype), edge_index[1, edges] - dst_start])
+    # Sorted distinct ids in [0, num_src): all of them only if they are 0, 1, ..., num_src - 1.
+    return _Chunk(chunk, chunk._version, None if src_ids.numel() == num_src else src_ids)
+
+
+class _CachedChunkPartition(GraphPartition):
+    """Anemoi's GraphPartition whose chunks' graphs are made once per graph (module docstring)."""
+
+    @classmethod
+    def of(cls, partition: GraphPartition) -> _CachedChunkPartition:
+        num_nodes, num_edges, num_parts, dst_splits, edge_splits = _fields(partition)
+        return cls(num_nodes, num_edges, num_parts, list(dst_splits), list(edge_splits))
 
     def materialise(self, partition_id, x, edge_attr, edge_index, cond=None):
-        chunk = super().materialise(partition_id, x, edge_attr, edge_index, cond=cond)
-        (x_src, x_dst), _, chunk_edge_index, _ = chunk
-        # Everything materialise reads besides edge_index's content: the partition and the chunk's number.
-        derivation = (
-            "anemoi.GraphPartition.materialise", self.num_nodes, self.num_edges, self.num_parts,
-            tuple(self.dst_splits), tuple(self.edge_splits), partition_id,
+        x_src, x_dst = x
+        num_src = x_src.shape[0]
+        derivation = ("gtnorm.anemoi.mapper._make_chunk", _fields(self), partition_id, num_src)
+
+        def make() -> _Chunk:
+            return _make_chunk(self, partition_id, edge_index, num_src)
+
+        num_nodes = (num_src, self.num_nodes[1])
+        chunk = cached_graph_value(edge_index, num_nodes, derivation, make)
+        if chunk.edge_index._version != chunk.edge_version:  # written to by a caller: made again, not served
+            chunk = make()
+        dst_range = self._get_dst_range(partition_id)
+        x_src_chunk = x_src if chunk.src_ids is None else x_src[chunk.src_ids]
+        cond_chunk = None
+        if cond is not None:
+            cond_src, cond_dst = cond
+            cond_chunk = (cond_src if chunk.src_ids is None else cond_src[chunk.src_ids], cond_dst[dst_range])
+        edge_attr_chunk = edge_attr[self._get_edge_range(partition_id)]
+        return (x_src_chunk, x_dst[dst_range]), edge_attr_chunk, chunk.edge_index, cond_chunk
+
+
+def _chunk_partition(edge_index: Tensor, num_parts: int, num_nodes: tuple[int, int]) -> _CachedChunkPartition:
+    """Anemoi's build_graph_partition, made once per graph (its edge counts are read to the host). One part needs
+    no reading: it holds every edge."""
+    if num_parts == 1:
+        partition = GraphPartition(num_nodes, edge_index.shape[1], 1, [num_nodes[1]], [edge_index.shape[1]])
+    else:
+        partition = cached_graph_value(
+            edge_index, num_nodes, ("anemoi.khop_edges.build_graph_partition", num_parts),
+            lambda: build_graph_partition(edge_index, num_parts=num_parts, num_nodes=num_nodes),
         )  # fmt: skip
-        register_derived_graph(
-            chunk_edge_index, (x_src.shape[0], x_dst.shape[0]), edge_index, tuple(self.num_nodes), derivation
-        )
-        return chunk
+    return _CachedChunkPartition.of(partition)
 
 
-class _RegisteredChunks:
+class _CachedChunks:
     """What gtnorm's mappers override in Anemoi's GraphTransformerBaseMapper (mixed in before it): no state."""
 
-    def run_processor_chunk(self, chunk_partition: GraphPartition, *args, **kwargs):
-        if type(chunk_partition) is GraphPartition:
-            chunk_partition = _RegisteredChunkPartition(
-                **{f.name: getattr(chunk_partition, f.name) for f in fields(chunk_partition)}
+    def prepare_edge_sharding_wrapper(
+        self, x, shard_info, batch_size, edge_attr, edge_index, model_comm_group=None, cond=None,
+        edges_are_dst_sorted=True,
+    ):  # fmt: skip
+        if model_is_distributed(model_comm_group) or khop_edges.ANEMOI_DEBUG_SHARDING:
+            return super().prepare_edge_sharding_wrapper(
+                x, shard_info, batch_size, edge_attr, edge_index, model_comm_group, cond, edges_are_dst_sorted
             )
+        # On one GPU, Anemoi's shard partition and its move to the local rank change nothing: only the chunks.
+        x_src, x_dst = x
+        num_dst = sum(shard_info.dst_nodes) if shard_info.dst_is_sharded() else x_dst.shape[0]
+        edge_attr, edge_index = ensure_edges_are_dst_sorted(
+            edge_attr, edge_index, num_dst=num_dst, edges_are_sharded=shard_info.edges_are_sharded(),
+            model_comm_group=model_comm_group, edges_are_dst_sorted=edges_are_dst_sorted,
+        )  # fmt: skip
+        num_chunks = max(self.num_chunks, anemoi_mapper.NUM_CHUNKS_INFERENCE_MAPPER)
+        partition = _chunk_partition(edge_index, num_chunks, (x_src.shape[0], x_dst.shape[0]))
+        return x_src, x_dst, edge_attr, edge_index, shard_info, cond, partition
+
+    def run_processor_chunk(self, chunk_partition: GraphPartition, *args, **kwargs):
+        if type(chunk_partition) is GraphPartition:  # made by Anemoi's own preparation (several GPUs)
+            chunk_partition = _CachedChunkPartition.of(chunk_partition)
         return super().run_processor_chunk(chunk_partition, *args, **kwargs)
 
 
-class GraphTransformerForwardMapper(_RegisteredChunks, anemoi_mapper.GraphTransformerForwardMapper):
+class GraphTransformerForwardMapper(_CachedChunks, anemoi_mapper.GraphTransformerForwardMapper):
     """A drop-in for ``anemoi.models.layers.mapper.GraphTransformerForwardMapper`` (the encoder, data -> hidden):
     the same keyword arguments, state_dict keys and forward, with gtnorm's fused attention + QK norm. In a model
     config: ``_target_: gtnorm.anemoi.GraphTransformerForwardMapper``.
@@ -59,7 +141,7 @@ class GraphTransformerForwardMapper(_RegisteredChunks, anemoi_mapper.GraphTransf
         convert_blocks(self, graph_attention_backend)
 
 
-class GraphTransformerBackwardMapper(_RegisteredChunks, anemoi_mapper.GraphTransformerBackwardMapper):
+class GraphTransformerBackwardMapper(_CachedChunks, anemoi_mapper.GraphTransformerBackwardMapper):
     """A drop-in for ``anemoi.models.layers.mapper.GraphTransformerBackwardMapper`` (the decoder, hidden -> data):
     the same keyword arguments, state_dict keys and forward, with gtnorm's fused attention + QK norm. In a model
     config: ``_target_: gtnorm.anemoi.GraphTransformerBackwardMapper``.

@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
@@ -50,6 +50,8 @@ class _CachedGraph:
     # (source copies, derivation, num_nodes) -> (graph, copies) of what a registered derivation of this graph
     # gave the first time it was looked up (LayoutCache.register_derived_graph).
     derived: dict[tuple, tuple[_CachedGraph, int]] = field(default_factory=dict)
+    # (copies, derivation) -> a value computed from the content (LayoutCache.graph_value), e.g. a mapper chunk.
+    values: dict[tuple, object] = field(default_factory=dict)
 
     @property
     def num_edges(self) -> int:
@@ -153,6 +155,24 @@ class LayoutCache:
         graph, copies = self._find(edge_index, num_src, num_dst)
         with self._lock:
             return graph.layout(copies)
+
+    def graph_value(
+        self, edge_index: Tensor, num_src: int, num_dst: int, derivation: Hashable, compute: Callable[[], object]
+    ):  # edge_index [2, M]
+        """What ``compute()`` returns for the graph in edge_index: computed the first time this graph (as the cache
+        knows it: by identity, provenance or content, as a layout lookup) and ``derivation`` meet, and kept with
+        the graph's layouts (dropped with them). ``compute`` must be a deterministic function of the graph's content
+        and of ``derivation``, which names it and holds everything else it reads; what it returns is shared by every
+        later call, so it must not be changed in place."""
+        hash(derivation)
+        graph, copies = self._find(edge_index, num_src, num_dst)
+        key = (copies, derivation)
+        with self._lock:
+            if key in graph.values:
+                return graph.values[key]
+        value = compute()
+        with self._lock:
+            return graph.values.setdefault(key, value)
 
     def register_batch_copies(
         self,
@@ -430,6 +450,23 @@ def register_derived_graph(
     Shapes: edge_index [2, M'], source [2, M].
     """
     _SHARED_CACHE.register_derived_graph(edge_index, num_nodes, source, source_num_nodes, derivation)
+
+
+def cached_graph_value(
+    edge_index: Tensor,  # [2, M]
+    num_nodes: tuple[int, int],  # (N_src, N_dst)
+    derivation: Hashable,  # names compute and holds everything it reads besides the graph's content
+    compute: Callable[[], object],
+):
+    """A value derived from the graph in edge_index (e.g. Anemoi's mapper chunks, gtnorm/anemoi/mapper.py), computed
+    once per graph and derivation and found again as a layout is: by identity or registered provenance with no host
+    sync, by content with one. See :meth:`LayoutCache.graph_value`.
+
+    Shapes: edge_index [2, M].
+    """
+    check_edge_index_format(edge_index)
+    num_src, num_dst = _resolve_num_nodes(num_nodes, 0)
+    return _SHARED_CACHE.graph_value(edge_index, num_src, num_dst, derivation, compute)
 
 
 def clear_layout_cache() -> None:

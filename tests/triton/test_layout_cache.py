@@ -13,6 +13,7 @@ import torch
 
 from gtnorm.triton.layout_cache import (
     LayoutCache,
+    cached_graph_value,
     cached_layout,
     clear_layout_cache,
     register_batch_copies,
@@ -344,6 +345,39 @@ def test_least_recently_used_graph_is_evicted(count_layout_builds):
     assert len(count_layout_builds) == 3 and len(cache) == 2
     cache.get(graphs[0].edge_index, graphs[0].num_src, graphs[0].num_dst)
     assert len(count_layout_builds) == 4 and len(cache) == 2
+
+
+def test_graph_values_are_computed_once_per_graph_and_derivation(count_layout_builds, count_compares):
+    """A value derived from a graph (gtnorm/anemoi/mapper.py keeps Anemoi's mapper chunks so) is computed once and
+    found again as a layout is: by identity with no compare, by content for a clone; never for another graph of the
+    same shape, another derivation or batch copies; gone when the graph is evicted. No layout is built for it."""
+    cache = LayoutCache(max_graphs=2)
+    graph, other = (make_graph("decoder_like", seed=s) for s in (3, 4))
+    computed = []
+
+    def value(g, derivation, edge_index=None):
+        edge_index = g.edge_index if edge_index is None else edge_index
+        return cache.graph_value(
+            edge_index, g.num_src, g.num_dst, derivation, lambda: computed.append(derivation) or (derivation, g.name)
+        )
+
+    assert value(graph, "a") == ("a", graph.name)
+    count_compares.clear()
+    assert value(graph, "a") == ("a", graph.name) and computed == ["a"] and count_compares == []
+    assert value(graph, "a", graph.edge_index.clone()) == ("a", graph.name) and computed == ["a"]
+    value(graph, "b")
+    value(other, "a")
+    assert computed == ["a", "b", "a"]
+    twice = _expanded(graph, 2)
+    cache.register_batch_copies(twice.edge_index, graph.edge_index, (graph.num_src, graph.num_dst), 2)
+    value(twice, "a")
+    assert computed == ["a", "b", "a", "a"]
+    assert count_layout_builds == []
+    value(make_graph("encoder_like", seed=1), "a")  # a third graph: the least recently used one is evicted
+    value(other, "a")
+    assert computed == ["a", "b", "a", "a", "a", "a"]
+    with pytest.raises(TypeError, match="unhashable"):
+        cached_graph_value(graph.edge_index, (graph.num_src, graph.num_dst), ["a list"], lambda: None)
 
 
 def test_pyg_backend_builds_no_layout(count_layout_builds):

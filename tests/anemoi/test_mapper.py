@@ -1,0 +1,126 @@
+"""gtnorm's mappers prepare their graph once per graph (gtnorm/anemoi/mapper.py): later steps with the same graph
+(the same tensor, a clone, or a registered expansion) compute no partition or chunk again and compare nothing,
+and their results stay Anemoi's, step after step; a chunk written to in place is made again."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("anemoi.models", reason="needs anemoi-models (pip install --no-deps anemoi-models==0.19.0)")
+
+import torch  # noqa: E402
+from anemoi.models.distributed import khop_edges  # noqa: E402
+from anemoi.models.distributed.khop_edges import GraphPartition  # noqa: E402
+
+from gtnorm.anemoi import mapper as gtnorm_mapper  # noqa: E402
+from gtnorm.triton import layout_cache  # noqa: E402
+from tests.anemoi.setups import (  # noqa: E402
+    Case,
+    Inputs,
+    assert_steps_match,
+    build_pair,
+    forward,
+    make_inputs,
+    training_step,
+)
+from tests.anemoi.test_modules import TOL  # noqa: E402
+from tests.conftest import HAS_CUDA  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def empty_layout_cache():
+    layout_cache.clear_layout_cache()
+    yield
+    layout_cache.clear_layout_cache()
+
+
+@pytest.fixture
+def count_preparations(monkeypatch):
+    """Chunks made and partitions counted on the device (each ends in a host sync), by gtnorm's mappers."""
+    made = []
+    make_chunk, build_partition = gtnorm_mapper._make_chunk, gtnorm_mapper.build_graph_partition
+    monkeypatch.setattr(gtnorm_mapper, "_make_chunk", lambda *a: made.append("chunk") or make_chunk(*a))
+    monkeypatch.setattr(
+        gtnorm_mapper, "build_graph_partition", lambda *a, **k: made.append("partition") or build_partition(*a, **k)
+    )
+    return made
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+@pytest.mark.parametrize("num_chunks", [1, 3])
+def test_graph_is_prepared_once_and_steps_stay_anemoi_s(kind, num_chunks, device, count_preparations, count_compares):
+    case = Case(kind, norm="off", num_chunks=num_chunks)
+    anemoi_module, gtnorm_module = build_pair(case, "triton", device)
+    inputs = make_inputs(case, device)
+    for step in range(3):
+        if step == 2:  # a new tensor of the same graph: found by content, once
+            inputs.edge_index = inputs.edge_index.clone()
+        count_preparations.clear(), count_compares.clear()
+        assert_steps_match(training_step(gtnorm_module, case, inputs), training_step(anemoi_module, case, inputs), TOL)
+        if step == 0:
+            assert count_preparations.count("chunk") == num_chunks
+            assert count_preparations.count("partition") == (num_chunks > 1)
+        else:
+            assert count_preparations == []
+            assert len(count_compares) == (step == 2)
+
+
+def test_chunk_sources_are_the_connected_ones(device):
+    """Sources without edges in a chunk are dropped and the rest numbered in order, as Anemoi's materialise does;
+    a chunk that reaches every source takes the mapper's own source features, not a gathered copy."""
+    edge_index = torch.tensor([[3, 1, 1, 0, 2, 3], [0, 0, 1, 2, 2, 3]], device=device)
+    partition = gtnorm_mapper._CachedChunkPartition.of(khop_edges.build_graph_partition(edge_index, 2, (5, 4)))
+    x = (torch.randn(5, 2, device=device), torch.randn(4, 2, device=device))
+    edge_attr = torch.randn(6, 1, device=device)
+    expected = [([1, 3], [[1, 0, 0], [0, 0, 1]]), ([0, 2, 3], [[0, 1, 2], [0, 0, 1]])]  # per chunk: sources, edges
+    for part, (src_ids, expected_edges) in enumerate(expected):
+        (x_src, x_dst), attr, chunk_edges, _ = partition.materialise(part, x, edge_attr, edge_index)
+        anemoi_side = GraphPartition(*gtnorm_mapper._fields(partition)).materialise(part, x, edge_attr, edge_index)
+        assert torch.equal(x_src, x[0][src_ids]) and torch.equal(x_src, anemoi_side[0][0])
+        assert torch.equal(chunk_edges, torch.tensor(expected_edges, device=device))
+        assert torch.equal(chunk_edges, anemoi_side[2]) and torch.equal(attr, anemoi_side[1])
+        assert torch.equal(x_dst, anemoi_side[0][1])
+    every_source = torch.tensor([[4, 0, 1, 2, 3], [0, 0, 1, 1, 1]], device=device)
+    whole = gtnorm_mapper._chunk_partition(every_source, 1, (5, 2))
+    (x_src, _), _, _, _ = whole.materialise(0, (x[0], x[1][:2]), edge_attr[:5], every_source)
+    assert x_src is x[0]
+
+
+def test_chunk_written_in_place_is_made_again(device):
+    edge_index = torch.tensor([[0, 1, 1], [0, 0, 1]], device=device)
+    partition = gtnorm_mapper._chunk_partition(edge_index, 1, (2, 2))
+    x = (torch.randn(2, 3, device=device), torch.randn(2, 3, device=device))
+    edge_attr = torch.randn(3, 1, device=device)
+    first = partition.materialise(0, x, edge_attr, edge_index)[2]
+    assert partition.materialise(0, x, edge_attr, edge_index)[2] is first
+    first[0, 0] = 1  # a caller's in-place write into the chunk it was handed
+    again = partition.materialise(0, x, edge_attr, edge_index)[2]
+    assert again is not first and torch.equal(again, edge_index)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_later_steps_make_no_host_sync(kind):
+    """From the second step on, a mapper's training step (gradient checkpointing on) and inference enqueue their
+    work without waiting for the device: Anemoi's mappers sync on every partition and chunk, every step."""
+    case = Case(kind, norm="layer", num_chunks=2)
+    _, module = build_pair(case, "triton", torch.device("cuda"))
+    inputs = make_inputs(case, torch.device("cuda"))
+    leaves = [t.requires_grad_() for t in inputs.leaves()]
+    inputs = Inputs(tuple(leaves[:-1]), leaves[-1], inputs.edge_index, inputs.batch)
+
+    def train_and_infer():
+        module.train()
+        forward(module, case, inputs).sum().backward()
+        module.eval()
+        with torch.inference_mode():
+            forward(module, case, inputs)
+
+    train_and_infer()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        train_and_infer()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
