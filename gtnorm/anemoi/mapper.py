@@ -8,8 +8,9 @@ gtnorm's mappers compute it once per graph and keep it with the graph's layouts
 (gtnorm.triton.layout_cache.cached_graph_value): the graph is found by identity or registered provenance (no host
 sync; use_gtnorm_attention's graph providers register each step's edges) or by content (one sync per new tensor),
 and a step only slices its features. A chunk's edge_index is then the same tensor every step, so the layers find
-its layout by identity too. When every source of a chunk has edges,
-its source features are the mapper's own tensor, not a gathered copy.
+its layout by identity too (a caller's in-place write into it is seen by its version counter, and the chunk made
+again). When every source of a chunk has edges, its source features are the mapper's own tensor, not a gathered
+copy.
 
 Under a model group of several GPUs, and with ANEMOI_DEBUG_SHARDING set, the mappers prepare their graphs as
 Anemoi's do.
@@ -37,6 +38,10 @@ class _Chunk:
     edge_index: Tensor  # [2, M_chunk], destinations and sources relabelled to the chunk's
     edge_version: int  # edge_index's version counter when made: a write into it since, and it is made again
     src_ids: Tensor | None  # [N_src_chunk]: the chunk's sources in the mapper's numbering; None: all, in order
+
+    def unwritten(self) -> bool:
+        """Whether edge_index still holds what was made (a caller's in-place write would bump its version)."""
+        return self.edge_index._version == self.edge_version
 
 
 def _fields(partition: GraphPartition) -> tuple:
@@ -76,9 +81,7 @@ class _CachedChunkPartition(GraphPartition):
             return _make_chunk(self, partition_id, edge_index, num_src)
 
         num_nodes = (num_src, self.num_nodes[1])
-        chunk = cached_graph_value(edge_index, num_nodes, derivation, make)
-        if chunk.edge_index._version != chunk.edge_version:  # written to by a caller: made again, not served
-            chunk = make()
+        chunk = cached_graph_value(edge_index, num_nodes, derivation, make, _Chunk.unwritten)
         dst_range = self._get_dst_range(partition_id)
         x_src_chunk = x_src if chunk.src_ids is None else x_src[chunk.src_ids]
         cond_chunk = None

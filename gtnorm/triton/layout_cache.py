@@ -37,6 +37,8 @@ from torch import Tensor
 
 from gtnorm.triton.layout import EdgeWalk, GraphLayout, _resolve_num_nodes, check_edge_index_format
 
+_MISSING = object()  # a graph value not computed yet (None is a value)
+
 
 @dataclass(eq=False)
 class _CachedGraph:
@@ -157,22 +159,31 @@ class LayoutCache:
             return graph.layout(copies)
 
     def graph_value(
-        self, edge_index: Tensor, num_src: int, num_dst: int, derivation: Hashable, compute: Callable[[], object]
-    ):  # edge_index [2, M]
+        self,
+        edge_index: Tensor,  # [2, M]
+        num_src: int,
+        num_dst: int,
+        derivation: Hashable,
+        compute: Callable[[], object],
+        is_current: Callable[[object], bool] | None = None,
+    ):
         """What ``compute()`` returns for the graph in edge_index: computed the first time this graph (as the cache
         knows it: by identity, provenance or content, as a layout lookup) and ``derivation`` meet, and kept with
         the graph's layouts (dropped with them). ``compute`` must be a deterministic function of the graph's content
         and of ``derivation``, which names it and holds everything else it reads; what it returns is shared by every
-        later call, so it must not be changed in place."""
+        later call; ``is_current(value)``, if given, says whether a kept value may still be served (e.g. that a
+        tensor in it has not been written to), else it is computed and kept again."""
         hash(derivation)
         graph, copies = self._find(edge_index, num_src, num_dst)
         key = (copies, derivation)
         with self._lock:
-            if key in graph.values:
-                return graph.values[key]
+            value = graph.values.get(key, _MISSING)
+        if value is not _MISSING and (is_current is None or is_current(value)):
+            return value
         value = compute()
         with self._lock:
-            return graph.values.setdefault(key, value)
+            graph.values[key] = value
+        return value
 
     def register_batch_copies(
         self,
@@ -457,6 +468,7 @@ def cached_graph_value(
     num_nodes: tuple[int, int],  # (N_src, N_dst)
     derivation: Hashable,  # names compute and holds everything it reads besides the graph's content
     compute: Callable[[], object],
+    is_current: Callable[[object], bool] | None = None,  # whether a kept value may still be served
 ):
     """A value derived from the graph in edge_index (e.g. Anemoi's mapper chunks, gtnorm/anemoi/mapper.py), computed
     once per graph and derivation and found again as a layout is: by identity or registered provenance with no host
@@ -466,7 +478,7 @@ def cached_graph_value(
     """
     check_edge_index_format(edge_index)
     num_src, num_dst = _resolve_num_nodes(num_nodes, 0)
-    return _SHARED_CACHE.graph_value(edge_index, num_src, num_dst, derivation, compute)
+    return _SHARED_CACHE.graph_value(edge_index, num_src, num_dst, derivation, compute, is_current)
 
 
 def clear_layout_cache() -> None:

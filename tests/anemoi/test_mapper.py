@@ -96,6 +96,7 @@ def test_chunk_written_in_place_is_made_again(device):
     first[0, 0] = 1  # a caller's in-place write into the chunk it was handed
     again = partition.materialise(0, x, edge_attr, edge_index)[2]
     assert again is not first and torch.equal(again, edge_index)
+    assert partition.materialise(0, x, edge_attr, edge_index)[2] is again  # kept in place of the written one
 
 
 @pytest.mark.gpu

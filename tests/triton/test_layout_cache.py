@@ -380,6 +380,22 @@ def test_graph_values_are_computed_once_per_graph_and_derivation(count_layout_bu
         cached_graph_value(graph.edge_index, (graph.num_src, graph.num_dst), ["a list"], lambda: None)
 
 
+def test_graph_value_no_longer_current_is_computed_and_kept_again():
+    graph = make_graph("decoder_like", seed=3)
+    sizes = (graph.num_src, graph.num_dst)
+    made = []
+
+    def value(is_current=None):
+        return cached_graph_value(graph.edge_index, sizes, "d", lambda: made.append(None) or [len(made)], is_current)
+
+    first = value()
+    assert value() is first and value(lambda v: v[0] == 1) is first and len(made) == 1
+    second = value(lambda v: v[0] != 1)  # the kept value is stale: computed again, and kept in its place
+    assert second == [2] and value() is second and len(made) == 2
+    assert cached_graph_value(graph.edge_index, sizes, "none", lambda: None) is None
+    assert cached_graph_value(graph.edge_index, sizes, "none", lambda: made.append(None)) is None and len(made) == 2
+
+
 def test_pyg_backend_builds_no_layout(count_layout_builds):
     _call(make_conv(8, backend="pyg"), make_graph("decoder_like", seed=11))
     assert count_layout_builds == []
