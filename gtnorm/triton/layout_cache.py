@@ -15,10 +15,10 @@ fresh ``torch.cat``, clones it per mapper chunk, and runs again under checkpoint
 3. a new graph: kept, and its layout built (with the visiting-order search, once per graph) when a layer asks.
 
 Code that knows how it made a tensor can say so instead of having it compared: :func:`register_batch_copies`
-(B copies of a base graph, as Anemoi's graph providers expand it) and :func:`register_derived_graph` (the output
-of a deterministic function of a known tensor, such as Anemoi's mapper chunks). A registered tensor is then found
-by identity from its first lookup on: no compare, no host sync (gtnorm/anemoi/graph_provider.py and
-gtnorm/anemoi/mapper.py register Anemoi's).
+(B copies of a base graph, as Anemoi's graph providers expand it). A registered tensor is then found by identity
+from its first lookup on: no compare, no host sync (gtnorm/anemoi/graph_provider.py registers Anemoi's). Values
+derived from a graph's content (Anemoi's mapper chunks, gtnorm/anemoi/mapper.py) are kept beside its layouts:
+:func:`cached_graph_value`.
 
 B copies of a cached graph get :meth:`GraphLayout.repeat` of its layout: no new search. Content is compared
 exactly, so a different graph of the same shape, or a tensor changed in place, never gets another's layout.
@@ -45,13 +45,10 @@ class _CachedGraph:
     edge_index: Tensor  # [2, M]: a private copy of the content, to compare new tensors with
     num_src: int
     num_dst: int
-    # By number of copies; 1: the graph itself. Built at the first lookup that needs one: a graph kept only as the
-    # source of derived graphs (a mapper's whole graph, whose chunks the layers see) never builds its own.
+    # By number of copies; 1: the graph itself. Built at the first lookup that needs one: a graph kept only for
+    # its values (a mapper's whole graph, whose chunks the layers see) never builds its own.
     layouts: dict[int, GraphLayout] = field(default_factory=dict)
     contents: dict[int, Tensor] = field(default_factory=dict)  # [2, B * M] by copies B > 1, for inference checks
-    # (source copies, derivation, num_nodes) -> (graph, copies) of what a registered derivation of this graph
-    # gave the first time it was looked up (LayoutCache.register_derived_graph).
-    derived: dict[tuple, tuple[_CachedGraph, int]] = field(default_factory=dict)
     # (copies, derivation) -> a value computed from the content (LayoutCache.graph_value), e.g. a mapper chunk.
     values: dict[tuple, object] = field(default_factory=dict)
 
@@ -109,8 +106,7 @@ class _Provenance:
     source: weakref.ref  # the source tensor
     source_key: tuple  # the source's identity key when it was used: a write into it since shows as another key
     source_num_nodes: tuple[int, int]
-    copies: int  # batch copies: the tensor is this many copies of the source; 0 for a derived graph
-    derivation: Hashable = None  # derived graph: what made the tensor from the source (see register_derived_graph)
+    copies: int  # the tensor is this many copies of the source
 
 
 @dataclass(eq=False)
@@ -215,38 +211,6 @@ class LayoutCache:
         provenance = _Provenance(weakref.ref(base), _identity_key(base, num_src, num_dst), (num_src, num_dst), copies)
         self._register(edge_index, (copies * num_src, copies * num_dst), base, provenance)
 
-    def register_derived_graph(
-        self,
-        edge_index: Tensor,  # [2, M']
-        num_nodes: tuple[int, int],
-        source: Tensor,  # [2, M]
-        source_num_nodes: tuple[int, int],
-        derivation: Hashable,
-    ) -> None:
-        """Records that edge_index (with ``num_nodes``) was computed from ``source`` (with ``source_num_nodes``) by
-        a deterministic function of the source's content and of ``derivation``, which names the function and
-        holds every other thing it depends on. The first such tensor of a source graph and derivation is compared
-        by content at its lookup (one host sync) and what it matched is kept with the source's graph; later ones
-        are found by identity: no compare, no host sync.
-
-        The source is looked up at edge_index's first lookup: by identity, else by content (one host sync, once per
-        source tensor; a new source graph is kept without building its layout). Nothing is recorded if the source
-        is an inference tensor and edge_index is not. The caller vouches for the determinism: nothing is compared
-        after the first time (an inference tensor's lookups check its content, as every identity hit of one
-        does).
-
-        Shapes: edge_index [2, M'], source [2, M].
-        """
-        num_nodes = _resolve_num_nodes(num_nodes, 0)
-        source_num_nodes = _resolve_num_nodes(source_num_nodes, 0)
-        check_edge_index_format(edge_index)
-        check_edge_index_format(source)
-        hash(derivation)  # a TypeError now rather than at the lookup
-        provenance = _Provenance(
-            weakref.ref(source), _identity_key(source, *source_num_nodes), source_num_nodes, 0, derivation
-        )
-        self._register(edge_index, num_nodes, source, provenance)
-
     def _register(self, edge_index: Tensor, num_nodes: tuple[int, int], source: Tensor, provenance) -> None:
         if edge_index.device != source.device:
             raise ValueError(f"edge_index is on {edge_index.device} but its source on {source.device}")
@@ -256,7 +220,7 @@ class LayoutCache:
 
     def _find(self, edge_index: Tensor, num_src: int, num_dst: int) -> tuple[_CachedGraph, int]:
         key = _identity_key(edge_index, num_src, num_dst)
-        found, derived_entry = self._find_by_identity(key)
+        found = self._find_by_identity(key)
         if found is not None:
             if edge_index.is_inference():
                 _check_content_async(edge_index, *found)
@@ -274,55 +238,39 @@ class LayoutCache:
         with self._lock:
             if self._graphs.get(id(found[0])) is found[0]:
                 self._graphs.move_to_end(id(found[0]))
-            if derived_entry is not None:
-                derived, derived_key = derived_entry
-                derived[derived_key] = found
         self._remember(key, edge_index, *found)
         return found
 
-    def _find_by_identity(self, key: tuple) -> tuple[tuple[_CachedGraph, int] | None, tuple | None]:
-        """(graph, copies) of the tensor with this identity key, or None; and, for a registered derived graph
-        whose derivation has not been matched yet, where to record what its content matches."""
+    def _find_by_identity(self, key: tuple) -> tuple[_CachedGraph, int] | None:
+        """(graph, copies) of the tensor with this identity key, or None."""
         with self._lock:
             alias = self._aliases.get(key)
             if alias is None:
-                return None, None
+                return None
             if not alias.alive():
                 del self._aliases[key]
-                return None, None
+                return None
             if alias.graph is not None:
                 self._graphs.move_to_end(id(alias.graph))  # evicting a graph drops its aliases
-                return (alias.graph, alias.copies), None
+                return alias.graph, alias.copies
             provenance = alias.provenance
-        found, derived_entry = self._resolve(provenance, key[-2:])
+        found = self._resolve(provenance)
         with self._lock:
             if found is None:
                 if self._aliases.get(key) is alias:
                     del self._aliases[key]
             else:
                 alias.graph, alias.copies, alias.provenance = *found, None
-        return found, derived_entry
+        return found
 
-    def _resolve(self, provenance: _Provenance, num_nodes: tuple[int, int]):
-        """(graph, copies) of a registered tensor, or None (the source is gone or changed, or a derivation is new:
-        then also where to record its content's match); the source's graph is looked up for batch copies."""
+    def _resolve(self, provenance: _Provenance) -> tuple[_CachedGraph, int] | None:
+        """(graph, copies) of registered batch copies, from their source's graph; None if the source is gone or
+        has been written to since."""
         source = provenance.source()
         if source is None or _identity_key(source, *provenance.source_num_nodes) != provenance.source_key:
-            return None, None
-        if provenance.copies:
-            graph, copies = self._find(source, *provenance.source_num_nodes)
-            return (graph, copies * provenance.copies), None
-        # A derived graph's own lookup checks an inference tensor's content, so its source's identity hit needs no
-        # device check of its own; a source the layers never see (a mapper's whole graph: they get its chunks) is
-        # found here, by content the first time, so that its derivations hit by identity from then on.
-        source_found, _ = self._find_by_identity(provenance.source_key)
-        graph, copies = source_found or self._find(source, *provenance.source_num_nodes)
-        derived_key = (copies, provenance.derivation, num_nodes)
-        with self._lock:
-            found = graph.derived.get(derived_key)
-            if found is not None and self._graphs.get(id(found[0])) is found[0]:
-                return found, None
-        return None, (graph.derived, derived_key)
+            return None
+        graph, copies = self._find(source, *provenance.source_num_nodes)
+        return graph, copies * provenance.copies
 
     def _remember(
         self, key: tuple, edge_index: Tensor, graph: _CachedGraph | None, copies: int, provenance=None
@@ -445,22 +393,6 @@ def register_batch_copies(
     Shapes: edge_index [2, copies * M], base [2, M].
     """
     _SHARED_CACHE.register_batch_copies(edge_index, base, base_num_nodes, copies)
-
-
-def register_derived_graph(
-    edge_index: Tensor,  # [2, M']
-    num_nodes: tuple[int, int],  # (N_src, N_dst) of edge_index's graph
-    source: Tensor,  # [2, M]: a tensor the cache knows by identity
-    source_num_nodes: tuple[int, int],
-    derivation: Hashable,  # names the deterministic function that made edge_index from source, and its arguments
-) -> None:
-    """Tells the shared cache that edge_index was computed from ``source`` by a deterministic function named by
-    ``derivation`` (e.g. one of Anemoi's mapper chunks), so that after the first such tensor (compared by content
-    once) the layers find its layout by identity. See :meth:`LayoutCache.register_derived_graph`.
-
-    Shapes: edge_index [2, M'], source [2, M].
-    """
-    _SHARED_CACHE.register_derived_graph(edge_index, num_nodes, source, source_num_nodes, derivation)
 
 
 def cached_graph_value(

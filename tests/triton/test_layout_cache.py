@@ -17,7 +17,6 @@ from gtnorm.triton.layout_cache import (
     cached_layout,
     clear_layout_cache,
     register_batch_copies,
-    register_derived_graph,
 )
 from tests.conftest import DEVICE, HAS_CUDA
 from tests.graphs import SmallGraph, make_graph
@@ -212,54 +211,6 @@ def test_registered_tensors_written_in_place_are_compared(count_layout_builds, c
     assert len(count_compares) == 2 and len(count_layout_builds) == 2  # found by content: copies of the graph
 
 
-def test_registered_derived_graphs_hit_by_identity_after_the_first(count_layout_builds, count_compares):
-    graph = make_graph("decoder_like", seed=25)
-    source = graph.edge_index.to(DEVICE)
-    sizes = (graph.num_src, graph.num_dst)
-    conv = make_conv(8, backend="triton")
-    half = graph.edge_index.shape[1] // 2
-    cut = SmallGraph("half", graph.edge_index[:, :half], graph.num_src, graph.num_dst)
-
-    def derive(derivation=("first edges", half)):
-        edge_index = source[:, :half].clone()  # a new tensor each time, a deterministic function of source
-        register_derived_graph(edge_index, sizes, source, sizes, derivation)
-        return edge_index
-
-    # The layers never see the source itself (as a mapper's chunks): it is kept at the first derived lookup, its
-    # layout not built; the derived graph is new, built, and remembered for the source and derivation.
-    _assert_matches_pyg(conv, cut, derive())
-    assert len(count_compares) == 0 and len(count_layout_builds) == 1
-    for _ in range(2):
-        _assert_matches_pyg(conv, cut, derive())  # by identity: the source's and the derivation's
-    assert len(count_compares) == 0 and len(count_layout_builds) == 1
-    cached_layout(source, sizes)  # the source's own layout, built when asked for
-    assert len(count_layout_builds) == 2
-    # Another derivation with the same result: compared once (it matches the first chunk's graph), then remembered.
-    for _ in range(2):
-        _assert_matches_pyg(conv, cut, derive(("another derivation", half)))
-    assert len(count_compares) == 1 and len(count_layout_builds) == 2
-
-
-def test_derived_graphs_of_a_new_source_tensor_compare_once_per_source(count_layout_builds, count_compares):
-    """A mapper handed a new tensor of the same graph each step (its own, unregistered expansion): the source is
-    compared once per step, its chunks are not."""
-    graph = make_graph("decoder_like", seed=27)
-    sizes = (graph.num_src, graph.num_dst)
-    conv = make_conv(8, backend="triton")
-    half = graph.edge_index.shape[1] // 2
-    cut = SmallGraph("half", graph.edge_index[:, :half], graph.num_src, graph.num_dst)
-    for step in range(3):
-        source = graph.edge_index.to(DEVICE).clone()
-        for part in range(2):
-            edge_index = source[:, part * half : (part + 1) * half].clone()
-            register_derived_graph(edge_index, sizes, source, sizes, ("part", part))
-            chunk = SmallGraph("part", edge_index.cpu(), graph.num_src, graph.num_dst)
-            _assert_matches_pyg(conv, chunk if part else cut, edge_index)
-        # Step 0: the second chunk against the first's graph (equal shape, other content); then the source's alone.
-        assert len(count_compares) == step + 1
-    assert len(count_layout_builds) == 2
-
-
 def test_dead_aliases_are_dropped():
     graph = make_graph("encoder_like", seed=26)
     base = graph.edge_index.to(DEVICE)
@@ -412,9 +363,9 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="copies"):
         register_batch_copies(base, base, (2, 2), 0)
     with pytest.raises(TypeError, match="int64 or int32"):
-        register_derived_graph(base.float(), (2, 2), base, (2, 2), "a derivation")
-    with pytest.raises(TypeError, match="unhashable"):
-        register_derived_graph(base, (2, 2), base, (2, 2), ["a list"])
+        register_batch_copies(base.float(), base, (2, 2), 1)
+    with pytest.raises(TypeError, match="int64 or int32"):
+        cached_graph_value(base.float(), (2, 2), "a derivation", lambda: None)
 
 
 @pytest.mark.gpu
