@@ -96,12 +96,11 @@ def _chunk_partition(edge_index: Tensor, num_parts: int, num_nodes: tuple[int, i
     """Anemoi's build_graph_partition, made once per graph (its edge counts are read to the host). One part needs
     no reading: it holds every edge."""
     if num_parts == 1:
-        partition = GraphPartition(num_nodes, edge_index.shape[1], 1, [num_nodes[1]], [edge_index.shape[1]])
-    else:
-        partition = cached_graph_value(
-            edge_index, num_nodes, ("anemoi.khop_edges.build_graph_partition", num_parts),
-            lambda: build_graph_partition(edge_index, num_parts=num_parts, num_nodes=num_nodes),
-        )  # fmt: skip
+        return _CachedChunkPartition(num_nodes, edge_index.shape[1], 1, [num_nodes[1]], [edge_index.shape[1]])
+    partition = cached_graph_value(
+        edge_index, num_nodes, ("anemoi.khop_edges.build_graph_partition", num_parts),
+        lambda: build_graph_partition(edge_index, num_parts=num_parts, num_nodes=num_nodes),
+    )  # fmt: skip
     return _CachedChunkPartition.of(partition)
 
 

@@ -208,15 +208,13 @@ class LayoutCache:
             raise ValueError(
                 f"edge_index must have copies * M = {copies * base.shape[1]} edges, got {edge_index.shape[1]}"
             )
-        provenance = _Provenance(weakref.ref(base), _identity_key(base, num_src, num_dst), (num_src, num_dst), copies)
-        self._register(edge_index, (copies * num_src, copies * num_dst), base, provenance)
-
-    def _register(self, edge_index: Tensor, num_nodes: tuple[int, int], source: Tensor, provenance) -> None:
-        if edge_index.device != source.device:
-            raise ValueError(f"edge_index is on {edge_index.device} but its source on {source.device}")
-        if source.is_inference() and not edge_index.is_inference():
+        if edge_index.device != base.device:
+            raise ValueError(f"edge_index is on {edge_index.device} but its source on {base.device}")
+        if base.is_inference() and not edge_index.is_inference():
             return
-        self._remember(_identity_key(edge_index, *num_nodes), edge_index, None, 0, provenance)
+        provenance = _Provenance(weakref.ref(base), _identity_key(base, num_src, num_dst), (num_src, num_dst), copies)
+        key = _identity_key(edge_index, copies * num_src, copies * num_dst)
+        self._remember(key, edge_index, None, 0, provenance)
 
     def _find(self, edge_index: Tensor, num_src: int, num_dst: int) -> tuple[_CachedGraph, int]:
         key = _identity_key(edge_index, num_src, num_dst)
