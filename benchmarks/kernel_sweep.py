@@ -38,9 +38,6 @@ KERNELS = {
     "project_rows_kernel": "proj",
     "add_expanded_rows_kernel": "expand",
     "edge_features_grad_kernel": "dx",
-    # Its walks over blocks of destinations (low-degree graphs).
-    "forward_destination_block_kernel": "fwd_blk",
-    "by_destination_block_kernel": "dst_blk",
 }
 
 
@@ -51,16 +48,12 @@ def parse_setting(spec: str):
     ``h`` (heads per program), ``w`` (warps), ``e`` (edges per program), ``s`` (pipeline stages), ``r`` (register
     cap per thread); or ``prj`` (the edge projection's node-block and d edge_features kernels) with ``p`` and ``x``
     (nodes per program projecting and expanding), ``w`` (their warps), ``e`` (edges per program of d
-    edge_features); or ``blk`` (the edge projection's walks over blocks of destinations) with ``d`` (the largest
-    mean in-degree that takes them; 0: never), ``n`` (destinations per program), ``h`` (heads per program; 0: all),
-    ``w`` (warps).
+    edge_features).
     ``default`` changes nothing.
     """
     fields = {"h": "block_h", "w": "num_warps", "e": "edges_per_program", "s": "num_stages", "r": "max_registers"}
     projection_fields = {"p": "project_block", "x": "expand_block", "w": "node_warps", "e": "edge_block"}
-    block_fields = {"d": "max_mean_degree", "n": "block_n", "h": "heads_per_program", "w": "num_warps"}
     kernels = {"fwd": ("forward",), "dst": ("by_destination",), "src": ("by_source",), "prj": ("projection",)}
-    kernels["blk"] = ("destination_blocks",)
     kernels["bwd"] = kernels["dst"] + kernels["src"]
 
     def change(cfg, num_heads):
@@ -68,7 +61,7 @@ def parse_setting(spec: str):
             if part == "default":
                 continue
             target, _, values = part.partition(":")
-            names = {"prj": projection_fields, "blk": block_fields}.get(target, fields)
+            names = projection_fields if target == "prj" else fields
             updates = {names[v[0]]: int(v[1:]) for v in values.split(",")}
             if "block_h" in updates:
                 updates["head_groups"] = triton.cdiv(num_heads, updates["block_h"])
@@ -209,10 +202,9 @@ def main() -> None:
                 print(f"{name:14s} {setting}: failed: {str(error).strip().splitlines()[-1]}", flush=True)
                 continue
             times, others = kernel_times(step)
-            forward_walks = ("fwd", "fwd_blk")
-            fwd = sum(times.get(short, 0.0) for short in forward_walks)
+            fwd = times["fwd"]
             # Backward: everything but the forward's walk (the projection's node-block products of both included).
-            bwd = sum(ms for short, ms in times.items() if short not in forward_walks) + sum(ms for _, ms in others)
+            bwd = sum(ms for short, ms in times.items() if short != "fwd") + sum(ms for _, ms in others)
             regs = " ".join(
                 f"{short} {times[short]:.3f} ms (r{compiled[k].n_regs}, s{compiled[k].n_spills},"
                 f" a{compiled[k].asm['ptx'].count('cp.async.ca') + compiled[k].asm['ptx'].count('cp.async.cg')})"
@@ -220,7 +212,7 @@ def main() -> None:
                 if short in times
             )
             largest = f"{others[0][0][:40]} {others[0][1]:.3f} ms" if others else "-"
-            regs += f" other {sum(ms for _, ms in others):.3f} ms (largest: {largest}) sum {fwd + bwd:.3f} ms"
+            regs += f" other {sum(ms for _, ms in others):.3f} ms (largest: {largest})"
             print(
                 f"{name:14s} {setting:10s} {regs} | floor: fwd {100 * fwd_bytes / bandwidth / (fwd * 1e-3):.0f}%"
                 f" bwd {100 * bwd_bytes / bandwidth / (bwd * 1e-3):.0f}%"

@@ -38,11 +38,6 @@ _BY_DESTINATION_MAX_REGISTERS = 160
 _PROJECT_NODE_BLOCK = 64
 _EXPAND_NODE_BLOCK = 32
 _PROJECTION_EDGE_BLOCK = 128
-# The fused edge projection's walks over blocks of destinations (destination_block_kernels.py): up to this mean
-# in-degree (the decoder's 3), destinations per program, heads per program (0: all).
-_DESTINATION_BLOCK_MAX_DEGREE = 4.0
-_DESTINATION_BLOCK_NODES = 32
-_DESTINATION_BLOCK_HEADS = 0
 # The forward pipelines its per-node edge loop only where nodes have many edges (encoders, ~16): on the
 # decoder's 3-edge nodes the pipeline's fill cost more than it hid (NOTES.md, v2).
 _FORWARD_PIPELINE_MIN_DEGREE = 8.0
@@ -91,38 +86,17 @@ class ProjectionLaunch:
 
 
 @dataclass(frozen=True)
-class DestinationBlockLaunch:
-    """The fused edge projection's walks over blocks of destinations (destination_block_kernels.py), taken where
-    destinations have few edges: a block walks as many steps as its largest degree."""
-
-    max_mean_degree: float = _DESTINATION_BLOCK_MAX_DEGREE  # the per-node walks above this mean in-degree
-    block_n: int = _DESTINATION_BLOCK_NODES  # destinations per program (>= 16: tl.dot)
-    heads_per_program: int = _DESTINATION_BLOCK_HEADS  # 0: all
-    num_warps: int = 4
-
-    def head_groups(self, num_heads: int) -> tuple[int, int]:
-        """(heads per program, programs along the head axis)."""
-        per_program = min(self.heads_per_program or num_heads, num_heads)
-        return per_program, cdiv(num_heads, per_program)
-
-
-@dataclass(frozen=True)
 class AttentionLaunchConfig:
     block_c: int  # channels, padded to a power of two
     forward: KernelLaunch
     by_destination: KernelLaunch
     by_source: KernelLaunch
     projection: ProjectionLaunch = ProjectionLaunch()
-    destination_blocks: DestinationBlockLaunch = DestinationBlockLaunch()
 
     def forward_stages(self, mean_in_degree: float) -> int:
         if mean_in_degree >= _FORWARD_PIPELINE_MIN_DEGREE:
             return self.forward.num_stages
         return 1
-
-    def walks_destination_blocks(self, mean_in_degree: float) -> bool:
-        """Whether the fused edge projection's forward and by-destination pass walk blocks of destinations."""
-        return mean_in_degree <= self.destination_blocks.max_mean_degree
 
 
 def cdiv(a: int, b: int) -> int:

@@ -41,21 +41,3 @@ def load_edge_features(features_ptr, edge_id, D: tl.constexpr, HAS_BIAS: tl.cons
 def features_dot(coef, x):
     """sum_d coef[h, d] x[d] per head: [BLOCK_H] from coef [BLOCK_H, BLOCK_D] and extended attributes x [BLOCK_D]."""
     return tl.sum(coef * x[None, :], axis=1)
-
-
-@triton.jit
-def extended_weight_tile(
-    weight_ptr, bias_ptr, w_stride_d, w_stride_hc, head, C, D: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
-    """W's rows d < D of one head, then b as row D where there is a bias, as fp32 [BLOCK_D, BLOCK_C] (0 on padding)."""
-    offs_d = tl.arange(0, BLOCK_D)[:, None]
-    offs_c = tl.arange(0, BLOCK_C)[None, :]
-    columns = head * C + offs_c
-    tile = tl.load(
-        weight_ptr + offs_d * w_stride_d + columns * w_stride_hc, mask=(offs_d < D) & (offs_c < C), other=0.0
-    ).to(tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + columns + offs_d * 0, mask=(offs_d == D) & (offs_c < C), other=0.0)
-        tile += bias.to(tl.float32)
-    return tile

@@ -19,7 +19,6 @@ are exact to tf32x3's products.
 import triton
 import triton.language as tl
 
-from gtnorm.triton.edge_projection import extended_weight_tile
 from gtnorm.triton.tiles import (
     NORM_NONE,
     load_norm_param,
@@ -28,6 +27,24 @@ from gtnorm.triton.tiles import (
     normalize_heads_backward,
     store_param_grad_partial,
 )
+
+
+@triton.jit
+def _extended_weight_tile(
+    weight_ptr, bias_ptr, w_stride_d, w_stride_hc, head, C, D: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """W's rows d < D of one head, then b as row D where there is a bias, as fp32 [BLOCK_D, BLOCK_C] (0 on padding)."""
+    offs_d = tl.arange(0, BLOCK_D)[:, None]
+    offs_c = tl.arange(0, BLOCK_C)[None, :]
+    columns = head * C + offs_c
+    tile = tl.load(
+        weight_ptr + offs_d * w_stride_d + columns * w_stride_hc, mask=(offs_d < D) & (offs_c < C), other=0.0
+    ).to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + columns + offs_d * 0, mask=(offs_d == D) & (offs_c < C), other=0.0)
+        tile += bias.to(tl.float32)
+    return tile
 
 
 @triton.jit
@@ -76,7 +93,7 @@ def project_rows_kernel(
         rows = tl.load(rows_ptr + row_offsets + head * C, mask=row_mask, other=0.0).to(tl.float32)
         if NORM != NORM_NONE:
             rows = normalize_heads(rows, w[None, :], b[None, :], C, eps, NORM)
-        weights = extended_weight_tile(
+        weights = _extended_weight_tile(
             edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, head, C, D, HAS_EDGE_BIAS, BLOCK_D, BLOCK_C
         )
         # tf32x3: fp32 accuracy (three tf32 products) at tensor-core speed; plain tf32 would round to ~1e-3.
@@ -126,7 +143,7 @@ def add_expanded_rows_kernel(
     grad_b = tl.zeros([BLOCK_C], tl.float32)
     for head in range(H):
         sums = tl.load(sums_ptr + sums_offsets + head * d1, mask=sums_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-        weights = extended_weight_tile(
+        weights = _extended_weight_tile(
             edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, head, C, D, HAS_EDGE_BIAS, BLOCK_D, BLOCK_C
         )
         rows = tl.dot(sums, weights, input_precision="tf32x3")  # [BLOCK_N, BLOCK_C]

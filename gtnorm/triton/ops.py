@@ -30,7 +30,6 @@ from gtnorm.triton.config import (
     column_sum_launch,
     next_power_of_2,
 )
-from gtnorm.triton.destination_block_kernels import by_destination_block_kernel, forward_destination_block_kernel
 from gtnorm.triton.edge_features_grad_kernel import edge_features_grad_kernel
 from gtnorm.triton.edge_weight_grad_kernel import edge_weight_grad_kernel
 from gtnorm.triton.forward_kernel import graph_attention_forward_kernel
@@ -46,8 +45,6 @@ NORM_CODES = {"none": 0, "rms": 1, "layer": 2}
 launch_forward_walk = Launcher(graph_attention_forward_kernel)
 launch_by_destination_walk = Launcher(edge_softmax_backward_by_destination_kernel)
 launch_by_source_walk = Launcher(edge_softmax_backward_by_source_kernel)
-launch_forward_destination_blocks = Launcher(forward_destination_block_kernel)
-launch_by_destination_blocks = Launcher(by_destination_block_kernel)
 launch_project_rows = Launcher(project_rows_kernel)
 launch_add_expanded_rows = Launcher(add_expanded_rows_kernel)
 launch_edge_weight_grad = Launcher(edge_weight_grad_kernel)
@@ -103,21 +100,6 @@ def attention_forward(
     # Only the pipelined form walks runs of slots (forward_kernel.py).
     nodes_per_program = fwd.nodes_per_program(mean_in_degree) if num_stages > 1 else 1
     with device_guard(device):
-        if edge_proj and launch.walks_destination_blocks(mean_in_degree):
-            _zero_rows((out, lse, query_proj), dst_without_edges)
-            if busy_slots:
-                projection = _Projection(edge_weight, edge_bias, launch.projection)
-                blocks = launch.destination_blocks
-                heads_per_program, head_groups = blocks.head_groups(num_heads)
-                launch_forward_destination_blocks[(cdiv(busy_slots, blocks.block_n), head_groups)](
-                    query, key, value, edge_features, *projection.weight_args(query),
-                    *_or(query, q_norm_weight, q_norm_bias, k_norm_weight),
-                    dst_offsets, dst_by_slot, csc_src, csc_edge_id, out, lse, query_proj,
-                    busy_slots, heads_per_program, num_heads, head_dim, LOG2E / math.sqrt(head_dim), eps_q, eps_k,
-                    **_destination_block_flags(projection, qk_norm, q_norm_weight, q_norm_bias, k_norm_weight),
-                    BLOCK_N=blocks.block_n, BLOCK_C=_dot_width(head_dim), num_warps=blocks.num_warps,
-                )  # fmt: skip
-            return out, lse, query_proj
         # sum_j a_ij x_ij per destination, expanded through W into out afterwards (node_projection_kernels.py).
         feature_means = new_output(proj_shape, torch.float32, device) if edge_proj else None
         _zero_rows((out, lse, feature_means) if edge_proj else (out, lse), dst_without_edges)
@@ -233,18 +215,9 @@ def attention_backward(
     by_dst, by_src = launch.by_destination, launch.by_source
     dst_slots = num_dst - dst_without_edges.numel()  # slots with edges come first
     src_slots = num_src - src_without_edges.numel()
-    mean_in_degree = num_edges / max(dst_slots, 1)
-    # The fused edge projection on low-degree graphs: one kernel walks blocks of destinations and does the
-    # products with W itself (destination_block_kernels.py).
-    dst_blocks = launch.destination_blocks if edge_proj and launch.walks_destination_blocks(mean_in_degree) else None
-    if dst_blocks is not None:
-        heads_per_block_program, dst_head_groups = dst_blocks.head_groups(num_heads)
-        dst_programs = cdiv(dst_slots, dst_blocks.block_n)
-    else:
-        dst_head_groups = by_dst.head_groups
-        dst_per_program = by_dst.nodes_per_program(mean_in_degree)
-        dst_programs = cdiv(dst_slots, dst_per_program)
+    dst_per_program = by_dst.nodes_per_program(num_edges / max(dst_slots, 1))
     src_per_program = by_src.nodes_per_program(num_edges / max(src_slots, 1))
+    dst_programs = cdiv(dst_slots, dst_per_program)
     src_programs = cdiv(src_slots, src_per_program)
     # One fp32 row per program: the weight's C columns, then the bias's, summed in a fixed order afterwards.
     normed = qk_norm != "none"
@@ -254,8 +227,8 @@ def attention_backward(
     projection = _Projection(edge_weight, edge_bias, launch.projection) if edge_proj else None
     # With the edge projection, e's term of dq' passes the query norm's backward for blocks of nodes, whose
     # programs add their own partial rows after the by-destination pass's.
-    q_partial_rows = dst_programs * dst_head_groups
-    q_partial_rows += projection.programs(num_dst) if edge_proj and normed and dst_blocks is None else 0
+    q_partial_rows = dst_programs * by_dst.head_groups
+    q_partial_rows += projection.programs(num_dst) if edge_proj and normed else 0
     scratch = [(num_edges, num_heads), (num_edges, num_heads), (num_dst, num_heads)]  # attn, dS, delta
     scratch += [(q_partial_rows, q_partial_width), (src_programs * by_src.head_groups, k_partial_width)]
     # With the edge projection, per destination: P = sum a x and S = sum dS x / sqrt(C) over its edges
@@ -279,20 +252,8 @@ def attention_backward(
         _zero_rows((grad_key, grad_value), src_without_edges)
         if edge_proj:  # the edge weights' gradient sums over every destination
             _zero_rows((feature_sums,), dst_without_edges)
-        if dst_blocks is not None and dst_programs:
-            launch_by_destination_blocks[(dst_programs, dst_head_groups)](
-                query, key, value, edge_features, *projection.weight_args(query),
-                q_weight, q_bias, k_weight,
-                dst_offsets, dst_by_slot, csc_src, csc_edge_id,
-                grad_out, lse, query_proj,
-                grad_query, attn, grad_attn, delta, grad_out_proj, feature_sums, q_partial, q_partial_width,
-                dst_slots, heads_per_block_program, num_heads, head_dim, LOG2E * sm_scale, sm_scale, eps_q, eps_k,
-                **_destination_block_flags(projection, qk_norm, q_norm_weight, q_norm_bias, k_norm_weight),
-                BLOCK_N=dst_blocks.block_n, BLOCK_C=_dot_width(head_dim), num_warps=dst_blocks.num_warps,
-            )  # fmt: skip
-        elif edge_proj:
             projection.project(grad_out, None, None, NORM_CODES["none"], 0.0, grad_out_proj)
-        if dst_programs and dst_blocks is None:
+        if dst_programs:
             launch_by_destination_walk[(dst_programs, by_dst.head_groups)](
                 query, key, value, edge_attr if has_edge_attr else query,
                 edge_features if edge_proj else query, *_or(attn, query_proj if edge_proj else None, grad_out_proj),
@@ -305,10 +266,10 @@ def attention_backward(
                 BLOCK_H=by_dst.block_h, NUM_STAGES=by_dst.num_stages, num_warps=by_dst.num_warps,
                 **by_dst.compile_options(), **flags,
             )  # fmt: skip
-        if edge_proj and dst_blocks is None:  # e's term of dq': S W through the query norm's backward
+        if edge_proj:  # e's term of dq': S W through the query norm's backward
             projection.add_expanded(
                 feature_sums[:, 1], grad_query, query, q_norm_weight, q_norm_bias, NORM_CODES[qk_norm], eps_q,
-                q_partial, first_partial_row=dst_programs * dst_head_groups,
+                q_partial, first_partial_row=dst_programs * by_dst.head_groups,
             )  # fmt: skip
         if src_programs:
             launch_by_source_walk[(src_programs, by_src.head_groups)](
@@ -350,15 +311,6 @@ def _edge_projection_flags(edge_features: Tensor | None, edge_bias: Tensor | Non
     )
 
 
-def _destination_block_flags(projection: _Projection, qk_norm: str, q_weight, q_bias, k_weight) -> dict:
-    """The constexprs of destination_block_kernels.py (no edge_attr, no key bias: _norm_flags)."""
-    flags = _norm_flags(qk_norm, q_weight, q_bias, k_weight)
-    del flags["HAS_K_BIAS"]
-    return dict(
-        EDGE_DIM=projection.edge_dim, HAS_EDGE_BIAS=projection.bias is not None, BLOCK_D=projection.block_d, **flags
-    )
-
-
 def _extended_dim(edge_features: Tensor, edge_bias: Tensor | None) -> int:
     """D + 1 with a bias (its extra row of W, edge_projection.py), else D."""
     return edge_features.shape[1] + int(edge_bias is not None)  # int: a SymInt plus a bool fails under tracing
@@ -384,8 +336,7 @@ class _Projection:
         self.block_d = _dot_width(extended)
         self.flags = dict(D=self.edge_dim, HAS_EDGE_BIAS=bias is not None)
 
-    def weight_args(self, fallback: Tensor) -> list:
-        """The kernels' weight arguments: W, b (``fallback`` without one) and W's strides."""
+    def _weight_args(self, fallback: Tensor) -> list:
         return [self.weight, self.bias if self.bias is not None else fallback, *self.weight.stride()]
 
     def programs(self, num_nodes: int) -> int:
@@ -406,7 +357,7 @@ class _Projection:
         if num_nodes == 0:
             return
         launch_project_rows[(cdiv(num_nodes, self.plan.project_block),)](
-            rows, *_or(rows, norm_weight, norm_bias), *self.weight_args(rows), out,
+            rows, *_or(rows, norm_weight, norm_bias), *self._weight_args(rows), out,
             num_nodes, num_heads, head_dim, eps,
             NORM=norm, HAS_NORM_WEIGHT=norm_weight is not None, HAS_NORM_BIAS=norm_bias is not None,
             BLOCK_N=self.plan.project_block, BLOCK_D=self.block_d, BLOCK_C=_dot_width(head_dim),
@@ -429,7 +380,7 @@ class _Projection:
         if num_nodes == 0:
             return
         launch_add_expanded_rows[(self.programs(num_nodes),)](
-            sums, sums.stride(0), *self.weight_args(sums), target, *_or(target, query, q_weight),
+            sums, sums.stride(0), *self._weight_args(sums), target, *_or(target, query, q_weight),
             *_or(sums, partial), partial.shape[1] if partial is not None else 0, first_partial_row,
             num_nodes, num_heads, head_dim, eps_q,
             NORM=norm, HAS_Q_WEIGHT=q_weight is not None, HAS_Q_BIAS=q_bias is not None,

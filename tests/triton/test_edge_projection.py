@@ -7,15 +7,12 @@ own error (x 1.5, + 1e-3) for 16-bit ones.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 import gtnorm
 from gtnorm import _runtime
 from gtnorm.nn.reference import reference_graph_transformer_attention
-from gtnorm.triton.config import DestinationBlockLaunch, attention_launch_config
 from tests.conftest import DEVICE, HAS_CUDA
 from tests.graphs import SmallGraph, key_bias_error, make_graph, rel_error
 from tests.triton.test_attention import assert_refused_before_launch, layout_of, torch_norm
@@ -26,20 +23,6 @@ PROJECTION_NAMES = ("edge_features", "edge_weight", "edge_bias")
 INPUT_NAMES = ("query", "key", "value", *PROJECTION_NAMES, *PARAM_NAMES)
 # Each edge-attribute count on a graph of its own kind (all four kinds are covered once).
 EDGE_DIMS_GRAPHS = [(1, "decoder_like"), (3, "encoder_like"), (8, "processor_like"), (32, "random_bipartite")]
-# The two forms of the forward and by-destination walks (gtnorm/triton/destination_block_kernels.py), forced on every
-# graph: one destination per program, or blocks of destinations (two heads per program, so that H = 3 has a partial
-# head group).
-WALKS = ("nodes", "blocks")
-
-
-def walk_launch(walk: str, heads: int, channels: int):
-    """The default launch plan with the given walk form on every graph."""
-    plan = attention_launch_config(heads, channels, True)
-    if walk == "nodes":
-        blocks = DestinationBlockLaunch(max_mean_degree=-1.0)
-    else:
-        blocks = DestinationBlockLaunch(max_mean_degree=float("inf"), heads_per_program=2)
-    return dataclasses.replace(plan, destination_blocks=blocks)
 
 
 @pytest.fixture(autouse=True)
@@ -85,11 +68,9 @@ def _grads(out, inputs, grad_out):
     return dict(zip(names, grads, strict=True))
 
 
-def run_gtnorm(inputs, layout, grad_out, qk_norm, eps=EPS, walk=None):
-    """``walk``: WALKS' form forced, or None for the default plan."""
-    launch = walk_launch(walk, *inputs["query"].shape[1:]) if walk is not None else None
+def run_gtnorm(inputs, layout, grad_out, qk_norm, eps=EPS):
     out = gtnorm.graph_transformer_attention(
-        inputs["query"], inputs["key"], inputs["value"], None, layout, qk_norm=qk_norm, eps=eps, launch=launch,
+        inputs["query"], inputs["key"], inputs["value"], None, layout, qk_norm=qk_norm, eps=eps,
         **{name: inputs[name] for name in (*PROJECTION_NAMES, *PARAM_NAMES)},
     )  # fmt: skip
     return out, _grads(out, inputs, grad_out)
@@ -121,43 +102,30 @@ def assert_matches(out, grads, ref_out, ref_grads, tolerance):
         assert grad_error(name, grads, ref_grads) < tolerance, name
 
 
-def check_float32(graph, heads, channels, edge_dim, qk_norm, bias=True, no_grad=(), walk=None):
+def check_float32(graph, heads, channels, edge_dim, qk_norm, bias=True, no_grad=()):
     inputs = make_inputs(graph, heads, channels, edge_dim, bias=bias, qk_norm=qk_norm)
     grad_out = torch.randn(graph.num_dst, heads, channels, dtype=torch.float64)
     ref_out, ref_grads = run_reference(leaf_copies(inputs, torch.float64, "cpu", no_grad), graph, grad_out, qk_norm)
     leaves = leaf_copies(inputs, torch.float32, DEVICE, no_grad)
-    out, grads = run_gtnorm(leaves, layout_of(graph), grad_out.to(DEVICE), qk_norm, walk=walk)
+    out, grads = run_gtnorm(leaves, layout_of(graph), grad_out.to(DEVICE), qk_norm)
     assert out.dtype == torch.float32
     assert_matches(out, grads, ref_out, ref_grads, 1e-5)
     return grads
 
 
-@pytest.mark.parametrize("walk", WALKS)
 @pytest.mark.parametrize("edge_dim_graph", EDGE_DIMS_GRAPHS, ids=lambda dg: f"D{dg[0]}-{dg[1]}")
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("qk_norm", [True, "layer", False], ids=["rms", "layer", "no_norm"])
-def test_matches_reference_float32(edge_dim_graph, bias, qk_norm, walk):
+def test_matches_reference_float32(edge_dim_graph, bias, qk_norm):
     """Output and every gradient (q, k, v, edge_features, edge_weight, edge_bias, norm parameters); odd H and C."""
     edge_dim, graph_name = edge_dim_graph
-    check_float32(make_graph(graph_name), 3, 5, edge_dim, qk_norm, bias, walk=walk)
+    check_float32(make_graph(graph_name), 3, 5, edge_dim, qk_norm, bias)
 
 
-@pytest.mark.parametrize("walk", WALKS)
 @pytest.mark.parametrize("heads_channels", [(2, 16), (1, 4)] + ([(16, 64), (8, 32), (5, 24)] if HAS_CUDA else []))
-def test_matches_reference_other_sizes(heads_channels, walk):
+def test_matches_reference_other_sizes(heads_channels):
     """Several heads per program and one head alone (and Anemoi's sizes on a GPU)."""
-    check_float32(make_graph("encoder_like"), *heads_channels, 11, "layer", walk=walk)
-
-
-@pytest.mark.parametrize("graph_name", ["decoder_like", "encoder_like"])
-def test_default_plan_walks_blocks_on_low_degree_graphs(graph_name):
-    """The default plan takes the destination blocks on the decoder's 3-edge destinations and the per-node walks on
-    the encoder's many-edge ones; either way the result matches the reference."""
-    graph = make_graph(graph_name)
-    mean_in_degree = graph.edge_index.shape[1] / graph.edge_index[1].unique().numel()
-    blocks = attention_launch_config(2, 8, True).walks_destination_blocks(mean_in_degree)
-    assert blocks == (graph_name == "decoder_like")
-    check_float32(graph, 2, 8, 5, "layer")
+    check_float32(make_graph("encoder_like"), *heads_channels, 11, "layer")
 
 
 def test_edge_features_without_grad():
@@ -211,10 +179,9 @@ def test_matches_materialised_edge_attr():
         assert rel_error(grads[name], ref) < 1e-5, name
 
 
-@pytest.mark.parametrize("walk", WALKS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("qk_norm", ["rms", "layer"])
-def test_low_precision_within_pyg_error(dtype, qk_norm, walk):
+def test_low_precision_within_pyg_error(dtype, qk_norm):
     heads, channels, edge_dim = (16, 64, 11) if HAS_CUDA else (2, 16, 6)
     graph = make_graph("encoder_like")
     inputs = make_inputs(graph, heads, channels, edge_dim, qk_norm=qk_norm)
@@ -222,8 +189,7 @@ def test_low_precision_within_pyg_error(dtype, qk_norm, walk):
     grad_out = torch.randn(graph.num_dst, heads, channels, dtype=torch.float64).to(dtype).double()
     ref_out, ref_grads = run_reference(leaf_copies(rounded, torch.float64, "cpu"), graph, grad_out, qk_norm)
     pyg_out, pyg_grads = run_reference(leaf_copies(rounded, dtype, DEVICE), graph, grad_out.to(DEVICE), qk_norm)
-    leaves = leaf_copies(rounded, dtype, DEVICE)
-    out, grads = run_gtnorm(leaves, layout_of(graph), grad_out.to(DEVICE), qk_norm, walk=walk)
+    out, grads = run_gtnorm(leaf_copies(rounded, dtype, DEVICE), layout_of(graph), grad_out.to(DEVICE), qk_norm)
     assert out.dtype == dtype
     assert rel_error(out, ref_out) <= 1.5 * rel_error(pyg_out, ref_out) + 1e-3
     for name, grad in grads.items():
@@ -252,33 +218,31 @@ def test_mixed_dtypes():
         assert grad_error(name, grads, ref_grads) < 4e-2, name
 
 
-@pytest.mark.parametrize("walk", WALKS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_backward_is_bitwise_deterministic(dtype, walk):
+def test_backward_is_bitwise_deterministic(dtype):
     heads, channels = (16, 64) if HAS_CUDA else (2, 8)
     graph = make_graph("encoder_like")
     inputs = leaf_copies(make_inputs(graph, heads, channels, 11, qk_norm="layer"), dtype, DEVICE)
     layout = layout_of(graph)
     grad_out = torch.randn(graph.num_dst, heads, channels, device=DEVICE)
-    first_out, first = run_gtnorm(inputs, layout, grad_out, "layer", walk=walk)
+    first_out, first = run_gtnorm(inputs, layout, grad_out, "layer")
     for _ in range(2):
-        out, again = run_gtnorm(inputs, layout, grad_out, "layer", walk=walk)
+        out, again = run_gtnorm(inputs, layout, grad_out, "layer")
         assert torch.equal(out, first_out)
         for name in first:
             assert torch.equal(again[name], first[name]), name
 
 
-@pytest.mark.parametrize("walk", WALKS)
-def test_result_does_not_depend_on_edge_order(walk):
+def test_result_does_not_depend_on_edge_order():
     graph = make_graph("processor_like")
     inputs = make_inputs(graph, 3, 5, 4)
     grad_out = torch.randn(graph.num_dst, 3, 5, device=DEVICE)
-    out, grads = run_gtnorm(leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out, True, walk=walk)
+    out, grads = run_gtnorm(leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out, True)
     perm = torch.randperm(graph.edge_index.shape[1])
     shuffled = SmallGraph("shuffled", graph.edge_index[:, perm], graph.num_src, graph.num_dst)
     inputs_shuffled = dict(inputs, edge_features=inputs["edge_features"][perm])
     out_s, grads_s = run_gtnorm(
-        leaf_copies(inputs_shuffled, torch.float32, DEVICE), layout_of(shuffled), grad_out, True, walk=walk
+        leaf_copies(inputs_shuffled, torch.float32, DEVICE), layout_of(shuffled), grad_out, True
     )
     assert rel_error(out_s, out) < 1e-5
     grads_s["edge_features"] = grads_s["edge_features"][torch.argsort(perm.to(DEVICE))]
@@ -286,12 +250,10 @@ def test_result_does_not_depend_on_edge_order(walk):
         assert rel_error(grads_s[name], grads[name]) < 1e-5, name
 
 
-@pytest.mark.parametrize("walk", WALKS)
-def test_zero_degree_nodes_and_graph_without_edges(walk):
+def test_zero_degree_nodes_and_graph_without_edges():
     graph = make_graph("random_bipartite")
     inputs = leaf_copies(make_inputs(graph, 2, 8, 3, qk_norm="layer"), torch.float32, DEVICE)
-    grad_out = torch.randn(graph.num_dst, 2, 8, device=DEVICE)
-    out, grads = run_gtnorm(inputs, layout_of(graph), grad_out, "layer", walk=walk)
+    out, grads = run_gtnorm(inputs, layout_of(graph), torch.randn(graph.num_dst, 2, 8, device=DEVICE), "layer")
     no_in = (torch.bincount(graph.edge_index[1], minlength=graph.num_dst) == 0).to(DEVICE)
     no_out = (torch.bincount(graph.edge_index[0], minlength=graph.num_src) == 0).to(DEVICE)
     assert no_in.any() and no_out.any()
@@ -300,7 +262,7 @@ def test_zero_degree_nodes_and_graph_without_edges(walk):
 
     empty = SmallGraph("empty", torch.zeros(2, 0, dtype=torch.long), 5, 4)
     inputs = leaf_copies(make_inputs(empty, 2, 8, 3, qk_norm="layer"), torch.float32, DEVICE)
-    out, grads = run_gtnorm(inputs, layout_of(empty), torch.randn(4, 2, 8, device=DEVICE), "layer", walk=walk)
+    out, grads = run_gtnorm(inputs, layout_of(empty), torch.randn(4, 2, 8, device=DEVICE), "layer")
     assert torch.equal(out, torch.zeros_like(out))
     for name, grad in grads.items():
         assert torch.equal(grad, torch.zeros_like(grad)), name
@@ -328,9 +290,8 @@ def test_opcheck(edge_features_grad, bias):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("graph_name", ["encoder_like", "decoder_like"])  # per-node walks, destination blocks
-def test_torch_compile_fullgraph(graph_name):
-    graph = make_graph(graph_name)
+def test_torch_compile_fullgraph():
+    graph = make_graph("encoder_like")
     layout = layout_of(graph)
     inputs = leaf_copies(make_inputs(graph, 16, 64, 11, qk_norm="layer"), torch.bfloat16, DEVICE)
     grad_out = torch.randn(graph.num_dst, 16, 64, device=DEVICE)
