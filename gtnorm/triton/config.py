@@ -38,7 +38,6 @@ _BY_DESTINATION_MAX_REGISTERS = 160
 _PROJECT_NODE_BLOCK = 64
 _EXPAND_NODE_BLOCK = 32
 _PROJECTION_EDGE_BLOCK = 128
-_NODE_BLOCK_HEADS = 0
 # The forward pipelines its per-node edge loop only where nodes have many edges (encoders, ~16): on the
 # decoder's 3-edge nodes the pipeline's fill cost more than it hid (NOTES.md, v2).
 _FORWARD_PIPELINE_MIN_DEGREE = 8.0
@@ -76,7 +75,6 @@ class ProjectionLaunch:
 
     project_block: int = _PROJECT_NODE_BLOCK  # nodes per program of the projections (>= 16: tl.dot)
     expand_block: int = _EXPAND_NODE_BLOCK  # nodes per program of the expansions (>= 16)
-    node_heads: int = _NODE_BLOCK_HEADS  # heads per program of both (0: all)
     node_warps: int = 4
     edge_block: int = _PROJECTION_EDGE_BLOCK  # edges per program of the d edge_features pass
     edge_warps: int = 4
@@ -85,11 +83,6 @@ class ProjectionLaunch:
     # sum (8 per SM: ~3 MB at Anemoi's sizes).
     grad_block: int = 32
     grad_programs_per_sm: int = 8
-
-    def head_groups(self, num_heads: int) -> tuple[int, int]:
-        """(heads per program, programs along the head axis) of the node-block kernels."""
-        per_program = min(self.node_heads or num_heads, num_heads)
-        return per_program, cdiv(num_heads, per_program)
 
 
 @dataclass(frozen=True)

@@ -59,13 +59,6 @@ def _node_block(num_nodes, H, C, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
-def _head_range(H, heads_per_program):
-    """The heads this program takes: a group of heads_per_program along the grid's second axis."""
-    first = tl.program_id(1) * heads_per_program
-    return first, tl.minimum(first + heads_per_program, H)
-
-
-@triton.jit
 def project_rows_kernel(
     rows_ptr,  # [N, H, C]
     norm_weight_ptr,  # [C] (unused without HAS_NORM_WEIGHT)
@@ -76,7 +69,6 @@ def project_rows_kernel(
     w_stride_hc,
     proj_ptr,  # [N, H, D1] fp32 out, D1 = D + HAS_EDGE_BIAS
     num_nodes,
-    heads_per_program,
     H,
     C,
     eps,
@@ -97,8 +89,7 @@ def project_rows_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     proj_offsets = nodes[:, None] * (H * d1) + offs_d[None, :]
     proj_mask = node_mask[:, None] & (offs_d[None, :] < d1)
-    first_head, last_head = _head_range(H, heads_per_program)
-    for head in range(first_head, last_head):
+    for head in range(H):
         rows = tl.load(rows_ptr + row_offsets + head * C, mask=row_mask, other=0.0).to(tl.float32)
         if NORM != NORM_NONE:
             rows = normalize_heads(rows, w[None, :], b[None, :], C, eps, NORM)
@@ -125,7 +116,6 @@ def add_expanded_rows_kernel(
     partial_width,
     first_partial_row,
     num_nodes,
-    heads_per_program,
     H,
     C,
     eps_q,
@@ -142,7 +132,7 @@ def add_expanded_rows_kernel(
 
     With a norm, sums W is a term of dL/dq' and what is added is its image under the query norm's backward (which
     is linear in dL/dq'), with its terms of the norm's weight and bias gradients in this program's row of the
-    partials (one row per program after first_partial_row, the by-destination pass's rows)."""
+    partials (row first_partial_row + program: after the by-destination pass's rows)."""
     nodes, node_mask, row_offsets, row_mask = _node_block(num_nodes, H, C, BLOCK_N, BLOCK_C)
     offs_d = tl.arange(0, BLOCK_D)
     d1 = D + HAS_EDGE_BIAS
@@ -151,8 +141,7 @@ def add_expanded_rows_kernel(
     w = load_norm_param(q_weight_ptr, C, HAS_Q_WEIGHT, 1.0, BLOCK_C)
     grad_w = tl.zeros([BLOCK_C], tl.float32)
     grad_b = tl.zeros([BLOCK_C], tl.float32)
-    first_head, last_head = _head_range(H, heads_per_program)
-    for head in range(first_head, last_head):
+    for head in range(H):
         sums = tl.load(sums_ptr + sums_offsets + head * d1, mask=sums_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
         weights = _extended_weight_tile(
             edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, head, C, D, HAS_EDGE_BIAS, BLOCK_D, BLOCK_C
@@ -169,7 +158,6 @@ def add_expanded_rows_kernel(
         tl.store(target_ptr + row_offsets + head * C, (target + rows).to(target_ptr.dtype.element_ty), mask=row_mask)
     if NORM != NORM_NONE:
         store_param_grad_partial(
-            param_grad_partial_ptr, first_partial_row + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1),
-            partial_width, grad_w, grad_b, C,
+            param_grad_partial_ptr, first_partial_row + tl.program_id(0), partial_width, grad_w, grad_b, C,
             HAS_Q_WEIGHT, HAS_Q_BIAS, BLOCK_C,
         )  # fmt: skip

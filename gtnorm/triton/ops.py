@@ -105,7 +105,7 @@ def attention_forward(
         _zero_rows((out, lse, feature_means) if edge_proj else (out, lse), dst_without_edges)
         if busy_slots == 0:
             return out, lse, query_proj
-        projection = _Projection(edge_weight, edge_bias, launch.projection, num_heads) if edge_proj else None
+        projection = _Projection(edge_weight, edge_bias, launch.projection) if edge_proj else None
         if edge_proj:
             projection.project(query, q_norm_weight, q_norm_bias, NORM_CODES[qk_norm], eps_q, query_proj)
         launch_forward_walk[(cdiv(busy_slots, nodes_per_program), fwd.head_groups)](
@@ -224,7 +224,7 @@ def attention_backward(
     q_params = [p for p in (q_norm_weight, q_norm_bias) if p is not None] if normed else []
     k_params = [k_norm_weight] if normed and k_norm_weight is not None else []  # no key bias: _norm_flags
     q_partial_width, k_partial_width = len(q_params) * head_dim, len(k_params) * head_dim
-    projection = _Projection(edge_weight, edge_bias, launch.projection, num_heads) if edge_proj else None
+    projection = _Projection(edge_weight, edge_bias, launch.projection) if edge_proj else None
     # With the edge projection, e's term of dq' passes the query norm's backward for blocks of nodes, whose
     # programs add their own partial rows after the by-destination pass's.
     q_partial_rows = dst_programs * by_dst.head_groups
@@ -329,11 +329,9 @@ class _Projection:
         weight: Tensor,  # [D, H * C], any strides
         bias: Tensor | None,  # [H * C]
         plan: ProjectionLaunch,
-        num_heads: int,
     ):
         self.weight, self.bias, self.plan = weight, bias, plan
         self.edge_dim = weight.shape[0]
-        self.num_heads = num_heads
         extended = self.edge_dim + (bias is not None)
         self.block_d = _dot_width(extended)
         self.flags = dict(D=self.edge_dim, HAS_EDGE_BIAS=bias is not None)
@@ -343,7 +341,7 @@ class _Projection:
 
     def programs(self, num_nodes: int) -> int:
         """Programs of add_expanded (each writes one row of parameter-gradient partials)."""
-        return cdiv(num_nodes, self.plan.expand_block) * self.plan.head_groups(self.num_heads)[1]
+        return cdiv(num_nodes, self.plan.expand_block)
 
     def project(
         self,
@@ -358,10 +356,9 @@ class _Projection:
         num_nodes, num_heads, head_dim = rows.shape
         if num_nodes == 0:
             return
-        heads_per_program, head_groups = self.plan.head_groups(num_heads)
-        launch_project_rows[(cdiv(num_nodes, self.plan.project_block), head_groups)](
+        launch_project_rows[(cdiv(num_nodes, self.plan.project_block),)](
             rows, *_or(rows, norm_weight, norm_bias), *self._weight_args(rows), out,
-            num_nodes, heads_per_program, num_heads, head_dim, eps,
+            num_nodes, num_heads, head_dim, eps,
             NORM=norm, HAS_NORM_WEIGHT=norm_weight is not None, HAS_NORM_BIAS=norm_bias is not None,
             BLOCK_N=self.plan.project_block, BLOCK_D=self.block_d, BLOCK_C=_dot_width(head_dim),
             num_warps=self.plan.node_warps, **self.flags,
@@ -382,11 +379,10 @@ class _Projection:
         num_nodes, num_heads, head_dim = target.shape
         if num_nodes == 0:
             return
-        heads_per_program, head_groups = self.plan.head_groups(num_heads)
-        launch_add_expanded_rows[(cdiv(num_nodes, self.plan.expand_block), head_groups)](
+        launch_add_expanded_rows[(self.programs(num_nodes),)](
             sums, sums.stride(0), *self._weight_args(sums), target, *_or(target, query, q_weight),
             *_or(sums, partial), partial.shape[1] if partial is not None else 0, first_partial_row,
-            num_nodes, heads_per_program, num_heads, head_dim, eps_q,
+            num_nodes, num_heads, head_dim, eps_q,
             NORM=norm, HAS_Q_WEIGHT=q_weight is not None, HAS_Q_BIAS=q_bias is not None,
             BLOCK_N=self.plan.expand_block, BLOCK_D=self.block_d, BLOCK_C=_dot_width(head_dim),
             num_warps=self.plan.node_warps, **self.flags,

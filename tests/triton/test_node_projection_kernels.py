@@ -37,14 +37,9 @@ def _on_device(*tensors):
     return [t.to(DEVICE, torch.float32) if t is not None else None for t in tensors]
 
 
-# Heads per program: all (the default plan), or two, so that H = 3 has a partial group.
-NODE_HEADS = [0, 2]
-
-
-@pytest.mark.parametrize("node_heads", NODE_HEADS, ids=lambda g: f"heads{g or 'all'}")
 @pytest.mark.parametrize("norm", ["none", "rms", "layer"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
-def test_project_rows_matches_torch(norm, bias, node_heads):
+def test_project_rows_matches_torch(norm, bias):
     generator = torch.Generator().manual_seed(torch.seed() % 2**31)
     nodes, heads, channels, edge_dim = 70, 3, 12, 5
     rows = 3.0 + torch.randn(nodes, heads, channels, generator=generator, dtype=torch.float64)
@@ -63,18 +58,17 @@ def test_project_rows_matches_torch(norm, bias, node_heads):
         rows, weight, edge_bias, norm_weight, norm_bias
     )
     out = torch.empty(nodes, heads, expected.shape[2], device=DEVICE)
-    projection = _Projection(dev_weight, dev_bias, ProjectionLaunch(node_heads=node_heads), heads)
+    projection = _Projection(dev_weight, dev_bias, ProjectionLaunch())
     projection.project(dev_rows, dev_norm_weight, dev_norm_bias, NORM_CODES[norm], EPS, out)
     assert rel_error(out.double().cpu(), expected) < 1e-5
 
 
-@pytest.mark.parametrize("node_heads", NODE_HEADS, ids=lambda g: f"heads{g or 'all'}")
 @pytest.mark.parametrize("norm", ["none", "rms", "layer"])
-def test_add_expanded_rows_matches_torch(norm, node_heads):
+def test_add_expanded_rows_matches_torch(norm):
     """target += sums W; with a norm, sums W is a term of dL/dq' and what is added is dL/dq through the norm (the
     gradient autograd gives), with its terms of the norm parameters' gradients in the partial rows."""
     generator = torch.Generator().manual_seed(torch.seed() % 2**31)
-    nodes, heads, channels, edge_dim = 45, 3, 20, 7
+    nodes, heads, channels, edge_dim = 45, 2, 20, 7
     weight, edge_bias = _weights(edge_dim, heads, channels, True, generator)
     sums = torch.randn(nodes, heads, edge_dim + 1, generator=generator, dtype=torch.float64)
     target = torch.randn(nodes, heads, channels, generator=generator, dtype=torch.float64)
@@ -83,7 +77,7 @@ def test_add_expanded_rows_matches_torch(norm, node_heads):
     q_bias = (0.5 * torch.randn(channels, generator=generator, dtype=torch.float64)).requires_grad_()
     grad_q_norm = torch.einsum("nhd,dhc->nhc", sums, _extended(weight, edge_bias).view(-1, heads, channels))
 
-    projection = _Projection(*_on_device(weight, edge_bias), ProjectionLaunch(node_heads=node_heads), heads)
+    projection = _Projection(*_on_device(weight, edge_bias), ProjectionLaunch())
     dev_sums, dev_target = _on_device(sums, target)
     if norm == "none":
         projection.add_expanded(dev_sums, dev_target)
