@@ -5,7 +5,8 @@
 For each graph (bf16, H=16, C=64, qk_norm with affine weights unless --no-qk-norm) and each setting, runs
 forward+backward under torch.profiler and prints the mean time of each kernel, its registers per thread and
 spills, how many cp.async copies its PTX holds (software-pipelined loads), the other kernels of the step (torch's
-sums and copies) with the largest of them, and the forward / backward / total as % of the HBM floor (bytes that must
+sums and copies) with the largest of them, the kernels' sum against the step's own time (do_bench: L2 flushed
+before each call, host time included where the GPU waits for it), and the forward / backward / total as % of the HBM floor (bytes that must
 move ÷ copy bandwidth measured in this run). ``--edge-features D``: the fused edge projection (D fp32 raw attributes
 per edge requiring grad, edge weight and bias) instead of edge features e; its floor is still the one of e (the
 ratio is then against the materialised path's floor). Settings are overrides of
@@ -202,6 +203,9 @@ def main() -> None:
                 print(f"{name:14s} {setting}: failed: {str(error).strip().splitlines()[-1]}", flush=True)
                 continue
             times, others = kernel_times(step)
+            # The same step timed whole (do_bench: L2 flushed before each call, host time included where the GPU
+            # waits for it): what the kernels' sum leaves out.
+            wall = triton.testing.do_bench(step, return_mode="median")
             fwd = times["fwd"]
             # Backward: everything but the forward's walk (the projection's node-block products of both included).
             bwd = sum(ms for short, ms in times.items() if short != "fwd") + sum(ms for _, ms in others)
@@ -213,6 +217,7 @@ def main() -> None:
             )
             largest = f"{others[0][0][:40]} {others[0][1]:.3f} ms" if others else "-"
             regs += f" other {sum(ms for _, ms in others):.3f} ms (largest: {largest})"
+            regs += f" sum {fwd + bwd:.3f} ms wall {wall:.3f} ms"
             print(
                 f"{name:14s} {setting:10s} {regs} | floor: fwd {100 * fwd_bytes / bandwidth / (fwd * 1e-3):.0f}%"
                 f" bwd {100 * bwd_bytes / bandwidth / (bwd * 1e-3):.0f}%"
