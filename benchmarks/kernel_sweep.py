@@ -6,8 +6,8 @@ For each graph (bf16, H=16, C=64, qk_norm with affine weights unless --no-qk-nor
 forward+backward under torch.profiler and prints the mean time of each kernel, its registers per thread and
 spills, how many cp.async copies its PTX holds (software-pipelined loads), the other kernels of the step (torch's
 sums and copies) with the largest of them, the kernels' sum against the step's own time (do_bench: L2 flushed
-before each call, host time included where the GPU waits for it), and the forward / backward / total as % of the HBM floor (bytes that must
-move ÷ copy bandwidth measured in this run). ``--edge-features D``: the fused edge projection (D fp32 raw attributes
+before each call, host time included where the GPU waits for it), and the forward / backward / total as % of the
+HBM floor (bytes that must move ÷ copy bandwidth measured in this run). ``--edge-features D``: the fused edge projection (D fp32 raw attributes
 per edge requiring grad, edge weight and bias) instead of edge features e; its floor is still the one of e (the
 ratio is then against the materialised path's floor). Settings are overrides of
 the plan ``gtnorm.triton.config.attention_launch_config`` returns, written as specs (``parse_setting``) and passed
@@ -136,7 +136,11 @@ class AttentionProblem:
     projection: dict = dataclasses.field(default_factory=dict)  # edge_features [M, D], edge_weight, edge_bias
 
     @classmethod
-    def on_graph(cls, graph, heads: int, channels: int, dtype=torch.bfloat16, edge_dim: int = 0) -> AttentionProblem:
+    def on_graph(
+        cls, graph, heads: int, channels: int, dtype=torch.bfloat16, edge_dim: int = 0, linear_weight: bool = False
+    ) -> AttentionProblem:
+        """``linear_weight``: the edge weight held as torch.nn.Linear holds it ([H * C, D]) and passed transposed, as
+        Anemoi's blocks pass lin_edge.weight."""
         layout = gtnorm.GraphLayout.from_edge_index(graph.edge_index.cuda(), (graph.num_src, graph.num_dst))
         inputs = [
             torch.randn(n, heads, channels, device="cuda", dtype=dtype).requires_grad_()
@@ -147,9 +151,12 @@ class AttentionProblem:
         projection = {}
         if edge_dim:  # e from raw attributes inside the kernels, in place of the e rows
             inputs[3] = None
+            weight = torch.randn(edge_dim, heads * channels, device="cuda") / edge_dim**0.5
             projection = dict(
                 edge_features=torch.randn(graph.num_edges, edge_dim, device="cuda").requires_grad_(),
-                edge_weight=(torch.randn(edge_dim, heads * channels, device="cuda") / edge_dim**0.5).requires_grad_(),
+                # The leaf: [D, H * C], or [H * C, D] as torch.nn.Linear holds it (forward_backward transposes it).
+                edge_weight=(weight.t().contiguous() if linear_weight else weight).requires_grad_(),
+                linear_weight=linear_weight,
                 edge_bias=torch.randn(heads * channels, device="cuda").requires_grad_(),
             )
         return cls(layout, inputs, weights, grad_out, projection)
@@ -158,10 +165,13 @@ class AttentionProblem:
         """One forward+backward, leaf grads reset first (qk_norm: False, True or "layer", with both affine weights;
         launch: the plan)."""
         for t in (*self.inputs, *self.weights, *self.projection.values()):
-            if t is not None:
+            if isinstance(t, torch.Tensor):
                 t.grad = None
         norm = dict(qk_norm=qk_norm, q_norm_weight=self.weights[0], k_norm_weight=self.weights[1]) if qk_norm else {}
-        out = gtnorm.graph_transformer_attention(*self.inputs, self.layout, **norm, **self.projection, launch=launch)
+        projection = dict(self.projection)
+        if projection.pop("linear_weight", False):
+            projection["edge_weight"] = projection["edge_weight"].t()
+        out = gtnorm.graph_transformer_attention(*self.inputs, self.layout, **norm, **projection, launch=launch)
         out.backward(self.grad_out)
 
 
@@ -174,6 +184,9 @@ def main() -> None:
     parser.add_argument("--no-qk-norm", action="store_true", help="the same kernels with qk_norm off")
     parser.add_argument("--layer-norm", action="store_true", help="LayerNorm (weights only) instead of RMSNorm")
     parser.add_argument("--edge-features", type=int, default=0, help="D: the fused edge projection (0: e rows)")
+    parser.add_argument(
+        "--linear-weight", action="store_true", help="the edge weight as lin_edge.weight.t() (Anemoi's strides)"
+    )
     args = parser.parse_args()
     heads, channels, dtype = args.heads, args.channels, torch.bfloat16
     bandwidth = copy_bandwidth()
@@ -181,7 +194,7 @@ def main() -> None:
     compiled = record_compiled_kernels()
     for name in args.graphs:
         graph = load_graph(name)
-        problem = AttentionProblem.on_graph(graph, heads, channels, dtype, args.edge_features)
+        problem = AttentionProblem.on_graph(graph, heads, channels, dtype, args.edge_features, args.linear_weight)
         fwd_bytes, bwd_bytes = floor_bytes(
             graph.num_src, graph.num_dst, graph.num_edges, heads * channels * dtype.itemsize,
             problem.layout.index_bytes(),
