@@ -7,10 +7,10 @@ forward+backward under torch.profiler and prints the mean time of each kernel, i
 spills, how many cp.async copies its PTX holds (software-pipelined loads), the other kernels of the step (torch's
 sums and copies) with the largest of them, the kernels' sum against the step's own time (do_bench: L2 flushed
 before each call, host time included where the GPU waits for it), and the forward / backward / total as % of the
-HBM floor (bytes that must move ÷ copy bandwidth measured in this run). ``--edge-features D``: the fused edge projection (D fp32 raw attributes
-per edge requiring grad, edge weight and bias) instead of edge features e; its floor is still the one of e (the
-ratio is then against the materialised path's floor). Settings are overrides of
-the plan ``gtnorm.triton.config.attention_launch_config`` returns, written as specs (``parse_setting``) and passed
+HBM floor (bytes that must move ÷ copy bandwidth measured in this run). ``--edge-features D``: the fused edge
+projection (D fp32 raw attributes per edge requiring grad, edge weight and bias) instead of edge features e; its
+floor is still the one of e (the ratio is then against the materialised path's floor); with ``--linear-weight`` the
+weight is passed as Anemoi passes lin_edge's (``weight.t()``). Settings are overrides of the plan ``gtnorm.triton.config.attention_launch_config`` returns, written as specs (``parse_setting``) and passed
 to the op as its ``launch`` argument; the defaults live there. This is how the numbers in benchmarks/NOTES.md
 were taken.
 """
