@@ -10,9 +10,9 @@ before each call, host time included where the GPU waits for it), and the forwar
 HBM floor (bytes that must move ÷ copy bandwidth measured in this run). ``--edge-features D``: the fused edge
 projection (D fp32 raw attributes per edge requiring grad, edge weight and bias) instead of edge features e; its
 floor is still the one of e (the ratio is then against the materialised path's floor); with ``--linear-weight`` the
-weight is passed as Anemoi passes lin_edge's (``weight.t()``). Settings are overrides of the plan ``gtnorm.triton.config.attention_launch_config`` returns, written as specs (``parse_setting``) and passed
-to the op as its ``launch`` argument; the defaults live there. This is how the numbers in benchmarks/NOTES.md
-were taken.
+weight is passed as Anemoi passes lin_edge's (``weight.t()``). Settings are overrides of the plan
+``gtnorm.triton.config.attention_launch_config`` returns, written as specs (``parse_setting``) and passed to the op
+as its ``launch`` argument; the defaults live there. This is how the numbers in benchmarks/NOTES.md were taken.
 """
 
 from __future__ import annotations
