@@ -170,7 +170,7 @@ class GraphTransformerConv(torch.nn.Module):
         projection = {}
         if self.lin_edge is not None:
             if self._edge_projection_fusable():
-                # Linear keeps its weight as [H * C, D]: the transposed view, taken by the kernels without a copy.
+                # Linear keeps its weight as [H * C, D]: the op takes the transposed view.
                 projection = dict(
                     edge_features=edge_attr, edge_weight=self.lin_edge.weight.t(), edge_bias=self.lin_edge.bias
                 )

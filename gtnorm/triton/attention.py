@@ -62,7 +62,8 @@ def graph_transformer_attention(
     (D <= 64) with ``edge_weight`` [D, H * C] and optionally ``edge_bias`` [H * C]; then
     e = (edge_features @ edge_weight + edge_bias).view(M, H, C) is used inside the kernels and never stored
     (gtnorm/triton/edge_projection.py). torch.nn.Linear(D, H * C) keeps its weight as [H * C, D]: pass
-    ``linear.weight.t()`` (a view; any strides are taken without a copy) and ``linear.bias``. Differentiable in
+    ``linear.weight.t()`` (a view: the kernels read a contiguous copy of W where its columns are strided, 4 D H C
+    bytes) and ``linear.bias``. Differentiable in
     all three; the gradient of edge_features is computed only when it requires grad. Weight and bias gradients
     are sums over all edges in a fixed order (bitwise reproducible).
 
@@ -82,7 +83,7 @@ def graph_transformer_attention(
     check_edge_projection(edge_attr, edge_features, edge_weight, edge_bias, query, layout.num_edges)
     eps_q, eps_k = resolve_norm_eps(eps, kind, query.dtype, key.dtype)
     operands = [t.contiguous() if t is not None else None for t in (query, key, value, edge_attr, edge_features)]
-    # The weight keeps its strides (the kernels take them): a transposed torch.nn.Linear weight needs no copy.
+    # The weight keeps its strides here: ops._Projection makes the copy the kernels read, outside autograd.
     projection = [edge_weight, edge_bias.contiguous() if edge_bias is not None else None]
     norm_params = [p.contiguous() if p is not None else None for p in params.values()]
     out, *_ = graph_attention(

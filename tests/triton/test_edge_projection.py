@@ -135,9 +135,9 @@ def test_edge_features_without_grad():
     assert "edge_features" not in grads and "edge_weight" in grads and "edge_bias" in grads
 
 
-def test_transposed_weight_needs_no_copy():
+def test_transposed_linear_weight():
     """A torch.nn.Linear weight [H*C, D] passed as weight.t() (strides (1, D)) gives the contiguous weight's
-    results, and its gradient reaches the Linear's weight."""
+    results bit for bit, and its gradient reaches the Linear's weight."""
     graph = make_graph("encoder_like")
     inputs = make_inputs(graph, 3, 5, 6)
     grad_out = torch.randn(graph.num_dst, 3, 5, device=DEVICE)
