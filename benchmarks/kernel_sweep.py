@@ -134,6 +134,7 @@ class AttentionProblem:
     weights: list  # q and k norm weights [C], leaves
     grad_out: torch.Tensor  # [N_dst, H, C]
     projection: dict = dataclasses.field(default_factory=dict)  # edge_features [M, D], edge_weight, edge_bias
+    linear_weight: bool = False  # edge_weight is held as [H * C, D] (torch.nn.Linear's) and passed transposed
 
     @classmethod
     def on_graph(
@@ -154,22 +155,20 @@ class AttentionProblem:
             weight = torch.randn(edge_dim, heads * channels, device="cuda") / edge_dim**0.5
             projection = dict(
                 edge_features=torch.randn(graph.num_edges, edge_dim, device="cuda").requires_grad_(),
-                # The leaf: [D, H * C], or [H * C, D] as torch.nn.Linear holds it (forward_backward transposes it).
                 edge_weight=(weight.t().contiguous() if linear_weight else weight).requires_grad_(),
-                linear_weight=linear_weight,
                 edge_bias=torch.randn(heads * channels, device="cuda").requires_grad_(),
             )
-        return cls(layout, inputs, weights, grad_out, projection)
+        return cls(layout, inputs, weights, grad_out, projection, linear_weight)
 
     def forward_backward(self, qk_norm: bool | str, launch=None) -> None:
         """One forward+backward, leaf grads reset first (qk_norm: False, True or "layer", with both affine weights;
         launch: the plan)."""
         for t in (*self.inputs, *self.weights, *self.projection.values()):
-            if isinstance(t, torch.Tensor):
+            if t is not None:
                 t.grad = None
         norm = dict(qk_norm=qk_norm, q_norm_weight=self.weights[0], k_norm_weight=self.weights[1]) if qk_norm else {}
         projection = dict(self.projection)
-        if projection.pop("linear_weight", False):
+        if self.linear_weight:
             projection["edge_weight"] = projection["edge_weight"].t()
         out = gtnorm.graph_transformer_attention(*self.inputs, self.layout, **norm, **projection, launch=launch)
         out.backward(self.grad_out)
