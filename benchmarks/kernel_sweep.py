@@ -10,7 +10,9 @@ before each call, host time included where the GPU waits for it), and the forwar
 HBM floor (bytes that must move ÷ copy bandwidth measured in this run). ``--edge-features D``: the fused edge
 projection (D fp32 raw attributes per edge requiring grad, edge weight and bias) instead of edge features e; its
 floor is still the one of e (the ratio is then against the materialised path's floor); with ``--linear-weight`` the
-weight is passed as Anemoi passes lin_edge's (``weight.t()``). Settings are overrides of the plan
+weight is passed as Anemoi passes lin_edge's (``weight.t()``). ``--no-edge-attr``: attention without any edge
+term (the same kernels, e left out): walks no fused edge projection can beat, so the bound against which its
+kernels are judged; its floor counts no e rows. Settings are overrides of the plan
 ``gtnorm.triton.config.attention_launch_config`` returns, written as specs (``parse_setting``) and passed to the op
 as its ``launch`` argument; the defaults live there. This is how the numbers in benchmarks/NOTES.md were taken.
 """
@@ -138,10 +140,11 @@ class AttentionProblem:
 
     @classmethod
     def on_graph(
-        cls, graph, heads: int, channels: int, dtype=torch.bfloat16, edge_dim: int = 0, linear_weight: bool = False
+        cls, graph, heads: int, channels: int, dtype=torch.bfloat16, edge_dim: int = 0, linear_weight: bool = False,
+        edge_attr: bool = True,
     ) -> AttentionProblem:
         """``linear_weight``: the edge weight held as torch.nn.Linear holds it ([H * C, D]) and passed transposed, as
-        Anemoi's blocks pass lin_edge.weight."""
+        Anemoi's blocks pass lin_edge.weight. ``edge_attr`` False (and no edge_dim): no edge term at all."""
         layout = gtnorm.GraphLayout.from_edge_index(graph.edge_index.cuda(), (graph.num_src, graph.num_dst))
         inputs = [
             torch.randn(n, heads, channels, device="cuda", dtype=dtype).requires_grad_()
@@ -150,6 +153,8 @@ class AttentionProblem:
         weights = [(1 + 0.1 * torch.randn(channels, device="cuda")).to(dtype).requires_grad_() for _ in range(2)]
         grad_out = torch.randn(graph.num_dst, heads, channels, device="cuda", dtype=dtype)
         projection = {}
+        if not edge_attr:
+            inputs[3] = None
         if edge_dim:  # e from raw attributes inside the kernels, in place of the e rows
             inputs[3] = None
             weight = torch.randn(edge_dim, heads * channels, device="cuda") / edge_dim**0.5
@@ -183,6 +188,7 @@ def main() -> None:
     parser.add_argument("--no-qk-norm", action="store_true", help="the same kernels with qk_norm off")
     parser.add_argument("--layer-norm", action="store_true", help="LayerNorm (weights only) instead of RMSNorm")
     parser.add_argument("--edge-features", type=int, default=0, help="D: the fused edge projection (0: e rows)")
+    parser.add_argument("--no-edge-attr", action="store_true", help="no edge term at all (the walks' lower bound)")
     parser.add_argument(
         "--linear-weight", action="store_true", help="the edge weight as lin_edge.weight.t() (Anemoi's strides)"
     )
@@ -193,9 +199,12 @@ def main() -> None:
     compiled = record_compiled_kernels()
     for name in args.graphs:
         graph = load_graph(name)
-        problem = AttentionProblem.on_graph(graph, heads, channels, dtype, args.edge_features, args.linear_weight)
+        problem = AttentionProblem.on_graph(
+            graph, heads, channels, dtype, args.edge_features, args.linear_weight, not args.no_edge_attr
+        )
+        edge_rows = 0 if args.no_edge_attr else graph.num_edges
         fwd_bytes, bwd_bytes = floor_bytes(
-            graph.num_src, graph.num_dst, graph.num_edges, heads * channels * dtype.itemsize,
+            graph.num_src, graph.num_dst, edge_rows, heads * channels * dtype.itemsize,
             problem.layout.index_bytes(),
         )  # fmt: skip
 
