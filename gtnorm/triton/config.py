@@ -83,9 +83,6 @@ class ProjectionLaunch:
     # sum (8 per SM: ~3 MB at Anemoi's sizes).
     grad_block: int = 32
     grad_programs_per_sm: int = 8
-    # Slots per forward program that projects its own queries and expands its own outputs (forward_kernel.py,
-    # NODE_BLOCK; >= 16: tl.dot); 0: the node-block kernels above do it.
-    forward_block: int = 16
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ import triton
 import triton.language as tl
 
 from gtnorm.triton.edge_projection import feature_tile_offsets, features_dot, load_edge_features
-from gtnorm.triton.node_projection_kernels import add_expanded_head_rows, node_rows, project_head_rows
 from gtnorm.triton.tiles import (
     load_norm_param,
     load_row,
@@ -104,12 +103,8 @@ def graph_attention_forward_kernel(
     value_ptr,  # [N_src, H, C]
     edge_attr_ptr,  # [M, H, C] in the caller's edge order (unused without HAS_EDGE_ATTR)
     edge_features_ptr,  # [M, EDGE_DIM] in the caller's edge order (unused without EDGE_PROJ)
-    query_proj_ptr,  # [N_dst, H, EDGE_DIM + HAS_EDGE_BIAS] fp32: <q', W_d>, written here with NODE_BLOCK
+    query_proj_ptr,  # [N_dst, H, EDGE_DIM + HAS_EDGE_BIAS] fp32: <q', W_d> (unused without EDGE_PROJ)
     feature_mean_ptr,  # [N_dst, H, EDGE_DIM + HAS_EDGE_BIAS] fp32 out: sum_j a_ij x_ij (unused without EDGE_PROJ)
-    edge_weight_ptr,  # [EDGE_DIM, H * C], strides (w_stride_d, w_stride_hc) (unused without NODE_BLOCK)
-    edge_bias_ptr,  # [H * C] (unused without NODE_BLOCK and HAS_EDGE_BIAS)
-    w_stride_d,
-    w_stride_hc,
     q_weight_ptr,  # [C] (unused without HAS_Q_WEIGHT)
     q_bias_ptr,  # [C] (unused without HAS_Q_BIAS)
     k_weight_ptr,  # [C] (unused without HAS_K_WEIGHT)
@@ -142,11 +137,6 @@ def graph_attention_forward_kernel(
     BLOCK_C: tl.constexpr,
     BLOCK_D: tl.constexpr,  # EDGE_DIM + HAS_EDGE_BIAS padded to a power of two (1 without EDGE_PROJ)
     NUM_STAGES: tl.constexpr,
-    # With EDGE_PROJ: slots per program that projects its queries onto W before its walks and expands their
-    # feature means into the output after them (tl.dot; 0: node_projection_kernels.py's kernels do it).
-    NODE_BLOCK: tl.constexpr,
-    DOT_D: tl.constexpr,  # BLOCK_D, at least 16 (tl.dot)
-    DOT_C: tl.constexpr,  # BLOCK_C, at least 16 (tl.dot)
 ):
     # Heads are independent (the norm is per head), so a program may take a group of BLOCK_H of them.
     offsets, mask, offs_h = row_tile_offsets(tl.program_id(1) * BLOCK_H, H, C, BLOCK_H, BLOCK_C)
@@ -157,45 +147,7 @@ def graph_attention_forward_kernel(
     b_q = load_norm_param(q_bias_ptr, C, HAS_Q_BIAS, 0.0, BLOCK_C)
     w_k = load_norm_param(k_weight_ptr, C, HAS_K_WEIGHT, 1.0, BLOCK_C)
     b_k = load_norm_param(k_bias_ptr, C, HAS_K_BIAS, 0.0, BLOCK_C)
-    if NODE_BLOCK > 0:
-        # The block's query rows and output rows are touched three times (projected, walked, expanded) within one
-        # program, so the second and third touches find them in L2 rather than in HBM, as separate kernels did.
-        first_slot = tl.program_id(0) * NODE_BLOCK
-        slots = first_slot + tl.arange(0, NODE_BLOCK)
-        slot_mask = slots < num_slots
-        nodes = tl.load(dst_by_slot_ptr + slots, mask=slot_mask, other=0).to(tl.int64)
-        row_offsets, row_mask = node_rows(nodes, slot_mask, H, C, DOT_C)
-        w_q_dot = load_norm_param(q_weight_ptr, C, HAS_Q_WEIGHT, 1.0, DOT_C)
-        b_q_dot = load_norm_param(q_bias_ptr, C, HAS_Q_BIAS, 0.0, DOT_C)
-        first_head = tl.program_id(1) * BLOCK_H
-        last_head = tl.minimum(first_head + BLOCK_H, H)
-        for head in range(first_head, last_head):
-            project_head_rows(
-                query_ptr, row_offsets, row_mask, nodes, slot_mask, head, w_q_dot, b_q_dot, edge_weight_ptr,
-                edge_bias_ptr, w_stride_d, w_stride_hc, query_proj_ptr, H, C, eps_q, EDGE_DIM, HAS_EDGE_BIAS, NORM,
-                DOT_D, DOT_C,
-            )  # fmt: skip
-        # The walks read the projections other threads of this program just stored.
-        tl.debug_barrier()
-        slot = first_slot
-        last_slot = tl.minimum(first_slot + NODE_BLOCK, num_slots)
-        while slot < last_slot:
-            _attend_node(
-                slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, query_proj_ptr,
-                feature_mean_ptr, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr,
-                w_q, b_q, w_k, b_k, offsets, mask, offs_h, feature_offsets, feature_mask, H, C, score_scale,
-                eps_q, eps_k, HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_H, BLOCK_C, BLOCK_D,
-                NUM_STAGES,
-            )  # fmt: skip
-            slot += 1
-        tl.debug_barrier()
-        for head in range(first_head, last_head):
-            add_expanded_head_rows(
-                feature_mean_ptr, H * (EDGE_DIM + HAS_EDGE_BIAS), out_ptr, row_offsets, row_mask, nodes, slot_mask,
-                head, edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, C, EDGE_DIM, HAS_EDGE_BIAS, DOT_D,
-                DOT_C,
-            )  # fmt: skip
-    elif NUM_STAGES > 1:
+    if NUM_STAGES > 1:
         # Pipelined kernels walk a run of slots in a loop: even for runs of one slot this form measured 4-7 %
         # faster on the encoders than the plain one (benchmarks/NOTES.md, v3); the unpipelined (low-degree)
         # kernel is faster without it.

@@ -53,56 +53,9 @@ def _node_block(num_nodes, H, C, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
     (of head 0) and mask of their rows in an [N, H, C] tensor."""
     nodes = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     node_mask = nodes < num_nodes
-    row_offsets, row_mask = node_rows(nodes, node_mask, H, C, BLOCK_C)
-    return nodes, node_mask, row_offsets, row_mask
-
-
-@triton.jit
-def node_rows(nodes, node_mask, H, C, BLOCK_C: tl.constexpr):
-    """The [BLOCK_N, BLOCK_C] offsets (of head 0) and mask of the rows of nodes [BLOCK_N] (int64) in an [N, H, C]
-    tensor."""
     offs_c = tl.arange(0, BLOCK_C)
-    return nodes[:, None] * (H * C) + offs_c[None, :], node_mask[:, None] & (offs_c[None, :] < C)
-
-
-@triton.jit
-def project_head_rows(
-    rows_ptr, row_offsets, row_mask, nodes, node_mask, head, w, b, edge_weight_ptr, edge_bias_ptr, w_stride_d,
-    w_stride_hc, proj_ptr, H, C, eps, D: tl.constexpr, HAS_EDGE_BIAS: tl.constexpr, NORM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
-    """proj[n, head] = <norm(rows[n, head]), W_d,head> (and b at d = D) for a block of nodes (node_rows' offsets)."""
-    d1 = D + HAS_EDGE_BIAS
-    offs_d = tl.arange(0, BLOCK_D)
-    rows = tl.load(rows_ptr + row_offsets + head * C, mask=row_mask, other=0.0).to(tl.float32)
-    if NORM != NORM_NONE:
-        rows = normalize_heads(rows, w[None, :], b[None, :], C, eps, NORM)
-    weights = _extended_weight_tile(
-        edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, head, C, D, HAS_EDGE_BIAS, BLOCK_D, BLOCK_C
-    )
-    # tf32x3: fp32 accuracy (three tf32 products) at tensor-core speed; plain tf32 would round to ~1e-3.
-    proj = tl.dot(rows, tl.trans(weights), input_precision="tf32x3")  # [BLOCK_N, BLOCK_D]
-    proj_offsets = nodes[:, None] * (H * d1) + head * d1 + offs_d[None, :]
-    tl.store(proj_ptr + proj_offsets, proj, mask=node_mask[:, None] & (offs_d[None, :] < d1))
-
-
-@triton.jit
-def add_expanded_head_rows(
-    sums_ptr, sums_row_stride, target_ptr, row_offsets, row_mask, nodes, node_mask, head, edge_weight_ptr,
-    edge_bias_ptr, w_stride_d, w_stride_hc, C, D: tl.constexpr, HAS_EDGE_BIAS: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):  # fmt: skip
-    """target[n, head] += sums[n, head] W_head for a block of nodes (node_rows' offsets); sums rows [H, D + bias]."""
-    d1 = D + HAS_EDGE_BIAS
-    offs_d = tl.arange(0, BLOCK_D)
-    sums_offsets = nodes[:, None] * sums_row_stride + head * d1 + offs_d[None, :]
-    sums = tl.load(sums_ptr + sums_offsets, mask=node_mask[:, None] & (offs_d[None, :] < d1), other=0.0)
-    weights = _extended_weight_tile(
-        edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, head, C, D, HAS_EDGE_BIAS, BLOCK_D, BLOCK_C
-    )
-    rows = tl.dot(sums, weights, input_precision="tf32x3")  # [BLOCK_N, BLOCK_C]
-    target = tl.load(target_ptr + row_offsets + head * C, mask=row_mask, other=0.0).to(tl.float32)
-    tl.store(target_ptr + row_offsets + head * C, (target + rows).to(target_ptr.dtype.element_ty), mask=row_mask)
+    row_offsets = nodes[:, None] * (H * C) + offs_c[None, :]
+    return nodes, node_mask, row_offsets, node_mask[:, None] & (offs_c[None, :] < C)
 
 
 @triton.jit
@@ -132,11 +85,20 @@ def project_rows_kernel(
     nodes, node_mask, row_offsets, row_mask = _node_block(num_nodes, H, C, BLOCK_N, BLOCK_C)
     w = load_norm_param(norm_weight_ptr, C, HAS_NORM_WEIGHT, 1.0, BLOCK_C)
     b = load_norm_param(norm_bias_ptr, C, HAS_NORM_BIAS, 0.0, BLOCK_C)
+    d1 = D + HAS_EDGE_BIAS
+    offs_d = tl.arange(0, BLOCK_D)
+    proj_offsets = nodes[:, None] * (H * d1) + offs_d[None, :]
+    proj_mask = node_mask[:, None] & (offs_d[None, :] < d1)
     for head in range(H):
-        project_head_rows(
-            rows_ptr, row_offsets, row_mask, nodes, node_mask, head, w, b, edge_weight_ptr, edge_bias_ptr,
-            w_stride_d, w_stride_hc, proj_ptr, H, C, eps, D, HAS_EDGE_BIAS, NORM, BLOCK_D, BLOCK_C,
-        )  # fmt: skip
+        rows = tl.load(rows_ptr + row_offsets + head * C, mask=row_mask, other=0.0).to(tl.float32)
+        if NORM != NORM_NONE:
+            rows = normalize_heads(rows, w[None, :], b[None, :], C, eps, NORM)
+        weights = _extended_weight_tile(
+            edge_weight_ptr, edge_bias_ptr, w_stride_d, w_stride_hc, head, C, D, HAS_EDGE_BIAS, BLOCK_D, BLOCK_C
+        )
+        # tf32x3: fp32 accuracy (three tf32 products) at tensor-core speed; plain tf32 would round to ~1e-3.
+        proj = tl.dot(rows, tl.trans(weights), input_precision="tf32x3")  # [BLOCK_N, BLOCK_D]
+        tl.store(proj_ptr + proj_offsets + head * d1, proj, mask=proj_mask)
 
 
 @triton.jit

@@ -106,17 +106,12 @@ def attention_forward(
         if busy_slots == 0:
             return out, lse, query_proj
         projection = _Projection(edge_weight, edge_bias, launch.projection) if edge_proj else None
-        node_block = launch.projection.forward_block if edge_proj else 0
-        if node_block:
-            nodes_per_program = node_block
-            _zero_rows((query_proj,), dst_without_edges)
-        elif edge_proj:
+        if edge_proj:
             projection.project(query, q_norm_weight, q_norm_bias, NORM_CODES[qk_norm], eps_q, query_proj)
         launch_forward_walk[(cdiv(busy_slots, nodes_per_program), fwd.head_groups)](
             query, key, value,
             edge_attr if edge_attr is not None else query,
             edge_features if edge_proj else query, *_or(lse, query_proj, feature_means),
-            *(projection._weight_args(query) if edge_proj else (query, query, 0, 0)),
             *_or(query, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias),
             dst_offsets, dst_by_slot, csc_src, csc_edge_id,
             out, lse,
@@ -124,11 +119,10 @@ def attention_forward(
             HAS_EDGE_ATTR=edge_attr is not None,
             **_edge_projection_flags(edge_features, edge_bias),
             **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight),
-            BLOCK_H=fwd.block_h, BLOCK_C=launch.block_c, NUM_STAGES=num_stages, NODE_BLOCK=node_block,
-            DOT_D=projection.block_d if edge_proj else 16, DOT_C=_dot_width(head_dim), num_warps=fwd.num_warps,
+            BLOCK_H=fwd.block_h, BLOCK_C=launch.block_c, NUM_STAGES=num_stages, num_warps=fwd.num_warps,
             **fwd.compile_options(),
         )  # fmt: skip
-        if edge_proj and not node_block:
+        if edge_proj:
             projection.add_expanded(feature_means, out)
     return out, lse, query_proj
 
