@@ -50,14 +50,12 @@ def parse_setting(spec: str):
     Parts split by ``/``: ``fwd``, ``dst``, ``src`` or ``bwd`` (both backward passes) followed by fields
     ``h`` (heads per program), ``w`` (warps), ``e`` (edges per program), ``s`` (pipeline stages), ``r`` (register
     cap per thread); or ``prj`` (the edge projection's node-block and d edge_features kernels) with ``p`` and ``x``
-    (nodes per program projecting and expanding), ``w`` (their warps), ``s`` (their pipeline stages), ``e`` (edges
-    per program of d edge_features).
+    (nodes per program projecting and expanding), ``w`` (their warps), ``e`` (edges per program of d
+    edge_features).
     ``default`` changes nothing.
     """
     fields = {"h": "block_h", "w": "num_warps", "e": "edges_per_program", "s": "num_stages", "r": "max_registers"}
-    projection_fields = {
-        "p": "project_block", "x": "expand_block", "w": "node_warps", "e": "edge_block", "s": "node_stages"
-    }
+    projection_fields = {"p": "project_block", "x": "expand_block", "w": "node_warps", "e": "edge_block"}
     kernels = {"fwd": ("forward",), "dst": ("by_destination",), "src": ("by_source",), "prj": ("projection",)}
     kernels["bwd"] = kernels["dst"] + kernels["src"]
 

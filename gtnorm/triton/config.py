@@ -83,8 +83,6 @@ class ProjectionLaunch:
     # sum (8 per SM: ~3 MB at Anemoi's sizes).
     grad_block: int = 32
     grad_programs_per_sm: int = 8
-    # Software-pipeline depth of the node-block kernels' loops (heads, or node blocks in the weights' gradient).
-    node_stages: int = 3
 
 
 @dataclass(frozen=True)

@@ -366,7 +366,7 @@ class _Projection:
             num_nodes, num_heads, head_dim, eps,
             NORM=norm, HAS_NORM_WEIGHT=norm_weight is not None, HAS_NORM_BIAS=norm_bias is not None,
             BLOCK_N=self.plan.project_block, BLOCK_D=self.block_d, BLOCK_C=_dot_width(head_dim),
-            num_warps=self.plan.node_warps, num_stages=self.plan.node_stages, **self.flags,
+            num_warps=self.plan.node_warps, **self.flags,
         )  # fmt: skip
 
     def add_expanded(
@@ -390,7 +390,7 @@ class _Projection:
             num_nodes, num_heads, head_dim, eps_q,
             NORM=norm, HAS_Q_WEIGHT=q_weight is not None, HAS_Q_BIAS=q_bias is not None,
             BLOCK_N=self.plan.expand_block, BLOCK_D=self.block_d, BLOCK_C=_dot_width(head_dim),
-            num_warps=self.plan.node_warps, num_stages=self.plan.node_stages, **self.flags,
+            num_warps=self.plan.node_warps, **self.flags,
         )  # fmt: skip
 
     def weight_grads(
@@ -416,7 +416,7 @@ class _Projection:
             feature_sums, query, grad_out, *_or(query, q_norm_weight, q_norm_bias), partial,
             num_dst, nodes_per_program, num_heads, head_dim, eps_q,
             D1=extended_dim, NORM=norm, HAS_Q_WEIGHT=q_norm_weight is not None, HAS_Q_BIAS=q_norm_bias is not None,
-            BLOCK_N=block_n, BLOCK_D=self.block_d, BLOCK_C=_dot_width(head_dim), num_stages=self.plan.node_stages,
+            BLOCK_N=block_n, BLOCK_D=self.block_d, BLOCK_C=_dot_width(head_dim),
         )  # fmt: skip
         sums = partial.sum(dim=0)  # [D + bias, H * C], over the programs in a fixed order
         grad_weight = sums[: self.edge_dim].to(self.weight.dtype, copy=True)
