@@ -63,9 +63,8 @@ def graph_transformer_attention(
     e = (edge_features @ edge_weight + edge_bias).view(M, H, C) is used inside the kernels and never stored
     (gtnorm/triton/edge_projection.py). torch.nn.Linear(D, H * C) keeps its weight as [H * C, D]: pass
     ``linear.weight.t()`` (a view: the kernels read a contiguous copy of W where its columns are strided, 4 D H C
-    bytes) and ``linear.bias``. Differentiable in
-    all three; the gradient of edge_features is computed only when it requires grad. Weight and bias gradients
-    are sums over all edges in a fixed order (bitwise reproducible).
+    bytes) and ``linear.bias``. Differentiable in all three; the gradient of edge_features is computed only when it
+    requires grad. Weight and bias gradients are sums over all edges in a fixed order (bitwise reproducible).
 
     ``launch`` is the kernels' launch plan; None takes ``gtnorm.triton.config.attention_launch_config(H, C,
     edge_features is not None)``.
@@ -83,7 +82,12 @@ def graph_transformer_attention(
     check_edge_projection(edge_attr, edge_features, edge_weight, edge_bias, query, layout.num_edges)
     eps_q, eps_k = resolve_norm_eps(eps, kind, query.dtype, key.dtype)
     operands = [t.contiguous() if t is not None else None for t in (query, key, value, edge_attr, edge_features)]
-    # The weight keeps its strides here: ops._Projection makes the copy the kernels read, outside autograd.
+    # Strided columns (a transposed torch.nn.Linear weight, as Anemoi's blocks pass lin_edge.weight.t()) made the
+    # node-block kernels' loads of W 1.2-1.4x slower (benchmarks/NOTES.md, v16): one copy here serves the forward and
+    # the backward (and its gradient reaches the caller's view through autograd); row-strided views are read as they
+    # are.
+    if edge_weight is not None and edge_weight.stride(1) != 1:
+        edge_weight = edge_weight.contiguous()
     projection = [edge_weight, edge_bias.contiguous() if edge_bias is not None else None]
     norm_params = [p.contiguous() if p is not None else None for p in params.values()]
     out, *_ = graph_attention(

@@ -326,16 +326,11 @@ class _Projection:
 
     def __init__(
         self,
-        weight: Tensor,  # [D, H * C], any strides (copied where its columns are not contiguous)
+        weight: Tensor,  # [D, H * C], any strides (fastest with contiguous columns: attention.py copies to those)
         bias: Tensor | None,  # [H * C]
         plan: ProjectionLaunch,
     ):
-        # The node-block kernels load W's [D + 1, C] slice of each head once per block of nodes: from a transposed
-        # torch.nn.Linear weight (strides (1, D), as Anemoi's blocks pass lin_edge.weight.t()) those loads are
-        # strided, and the projections and expansions measured 1.2-1.4x slower (benchmarks/NOTES.md, v16) than from
-        # a contiguous copy, which costs 4 D H C bytes and one small copy per call.
-        self.weight = weight if weight.stride(1) == 1 else weight.contiguous()
-        self.bias, self.plan = bias, plan
+        self.weight, self.bias, self.plan = weight, bias, plan
         self.edge_dim = weight.shape[0]
         extended = self.edge_dim + (bias is not None)
         self.block_d = _dot_width(extended)
