@@ -149,6 +149,23 @@ def _cuda_sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+# Shared memory a program may use where no CUDA device says (the interpreter, plans made on a CPU): an H100's and
+# an H200's opt-in limit per block (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+DEFAULT_SHARED_MEMORY = 232_448
+
+
+def shared_memory_per_block(device: torch.device) -> int:
+    """The most shared memory (bytes) one program may use on a CUDA device (its opt-in limit); elsewhere the figure
+    of the H100 and H200, so that plans made on a CPU are those of those GPUs."""
+    return _cuda_shared_memory(device) if device.type == "cuda" else DEFAULT_SHARED_MEMORY
+
+
+@functools.cache
+def _cuda_shared_memory(device: torch.device) -> int:
+    properties = torch.cuda.get_device_properties(device)
+    return getattr(properties, "shared_memory_per_block_optin", 0) or properties.shared_memory_per_block
+
+
 def device_guard(device: torch.device):
     """Triton launches on the current CUDA device: make it the tensors' one."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()

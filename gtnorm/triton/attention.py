@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import numbers
+import warnings
 
+import torch
 from torch import Tensor
 
 from gtnorm._runtime import check_dtype, check_triton_device, resolve_eps
-from gtnorm.triton.config import AttentionLaunchConfig
+from gtnorm.triton.config import AttentionLaunchConfig, edge_projection_pays, launch_config_for
 from gtnorm.triton.layout import GraphLayout
 from gtnorm.triton.ops import graph_attention
 
@@ -81,6 +83,10 @@ def graph_transformer_attention(
     _check_inputs(query, key, value, edge_attr, layout, kind, params)
     check_edge_projection(edge_attr, edge_features, edge_weight, edge_bias, query, layout.num_edges)
     eps_q, eps_k = resolve_norm_eps(eps, kind, query.dtype, key.dtype)
+    fused = launch is not None or fuses_edge_projection(query, edge_features, edge_bias, layout, kind)
+    if edge_features is not None and not fused:
+        edge_attr = materialised_edge_features(edge_features, edge_weight, edge_bias, query)
+        edge_features = edge_weight = edge_bias = None
     operands = [t.contiguous() if t is not None else None for t in (query, key, value, edge_attr, edge_features)]
     # Strided columns (a transposed torch.nn.Linear weight, as Anemoi's blocks pass lin_edge.weight.t()) made the
     # node-block kernels' loads of W 1.2-1.4x slower (benchmarks/NOTES.md, v16): one copy here serves the forward and
@@ -94,6 +100,45 @@ def graph_transformer_attention(
         *operands, *projection, *norm_params, *layout.tensors(), kind or "none", eps_q, eps_k, launch=launch
     )
     return out
+
+
+def fuses_edge_projection(query: Tensor, edge_features, edge_bias, layout: GraphLayout, kind) -> bool:
+    """Whether the op projects the raw attributes inside the kernels (config.edge_projection_pays, and tiles that
+    fit the device) or materialises the edge features first; the second with a warning, once per shape, where the
+    tiles alone decide."""
+    if edge_features is None:
+        return False
+    heads, channels = query.shape[1:]
+    extended_dim = edge_features.shape[1] + int(edge_bias is not None)
+    if not edge_projection_pays(layout.num_edges, layout.num_dst, extended_dim, kind):
+        return False
+    if launch_config_for(heads, channels, extended_dim, query.device) is not None:
+        return True
+    if (heads, channels, extended_dim) not in _WARNED_NO_FIT:
+        _WARNED_NO_FIT.add((heads, channels, extended_dim))
+        warnings.warn(
+            f"gtnorm: the fused edge projection's tiles do not fit this device's shared memory for {heads} heads x "
+            f"{channels} channels and {extended_dim} weight rows; the edge features are materialised instead",
+            stacklevel=3,
+        )
+    return False
+
+
+_WARNED_NO_FIT: set[tuple[int, int, int]] = set()
+
+
+def materialised_edge_features(
+    edge_features: Tensor,  # [M, D]
+    edge_weight: Tensor,  # [D, H * C]
+    edge_bias: Tensor | None,  # [H * C]
+    query: Tensor,  # [N_dst, H, C]
+) -> Tensor:  # [M, H, C] in query's dtype
+    """e = edge_features @ edge_weight + edge_bias, formed in the query's dtype (as autocast runs lin_edge)."""
+    dtype = query.dtype
+    weight = edge_weight.to(dtype)
+    bias = edge_bias.to(dtype) if edge_bias is not None else None
+    features = torch.nn.functional.linear(edge_features.to(dtype), weight.t(), bias)
+    return features.view(edge_features.shape[0], *query.shape[1:])
 
 
 def check_edge_projection(edge_attr, edge_features, edge_weight, edge_bias, query: Tensor, num_edges: int) -> None:

@@ -12,10 +12,11 @@ small, register-light programs per SM whose loads the software pipeliner keeps i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
-from gtnorm._runtime import sm_count
+from gtnorm._runtime import DEFAULT_SHARED_MEMORY, shared_memory_per_block, sm_count
 
 # Row slice (heads x padded channels) of one program: the forward and the by-source pass keep up to 1024
 # elements together; the by-destination pass holds more state per element (q, dO, two accumulators) and
@@ -83,6 +84,66 @@ class ProjectionLaunch:
     # sum (8 per SM: ~3 MB at Anemoi's sizes).
     grad_block: int = 32
     grad_programs_per_sm: int = 8
+    # Channels per tile of the node-block products and the weights' gradient (a power of two >= 16); 0: each
+    # head's whole row (C padded) in one tile. Wide heads are walked in tiles of this many channels, so that the
+    # tiles fit in shared memory (projection_launch).
+    channel_block: int = 0
+
+    def channels(self, head_dim: int) -> int:
+        """Channels per tile for heads of ``head_dim`` channels."""
+        whole = dot_width(head_dim)
+        return min(self.channel_block, whole) if self.channel_block else whole
+
+
+# Room left below the device's limit for what the model does not count.
+_SHARED_MEMORY_MARGIN = 8192
+# The largest fp32 tiles of a 4-warp node-block program, [nodes, channels] and [weight rows, channels]. Whole rows
+# up to 8192 elements (8 x 128 ran so before); tiles of a split row up to 4096, 32 registers per thread as the tuned
+# 16 x 64 layout's: the recorded 8192-element tiles of split rows spilled 50-100 registers (NOTES.md, v18).
+_MAX_WHOLE_ROW_TILE = 8192
+_MAX_NODE_TILE = 4096
+
+
+def node_block_shared_bytes(kernel: str, block_n: int, block_d: int, block_c: int) -> int:
+    """Modelled shared memory (bytes) of one program of a node-block kernel over [block_n nodes, block_c channels]
+    tiles with block_d weight rows. ``kernel``: "project" ([N, C] x [C, D]), "expand" ([N, D] x [D, C]) or
+    "weight_grad" (two [D, N] x [N, C] products). Fitted to what Triton 3.6 allocated on an H100 (the tf32x3 products
+    stage each fp32 operand through shared memory, split in parts, over the loop's 3 pipeline stages): an upper
+    bound of every recorded figure, whatever the norm (tests/triton/data/shared_memory_h100.json,
+    tests/triton/test_config.py)."""
+    if kernel == "project":
+        elements = max(block_c, 32) * (3 * block_n + 6 * block_d + 2)
+    elif kernel == "expand":
+        elements = 6 * block_n * block_d + block_c * (2 * block_d + 64)
+    elif kernel == "weight_grad":
+        elements = 4 * block_n * block_c + 6 * block_n * block_d
+    else:
+        raise ValueError(f"unknown node-block kernel {kernel!r}")
+    return 4 * elements
+
+
+def projection_launch(head_dim: int, extended_dim: int, shared_memory: int = DEFAULT_SHARED_MEMORY) -> ProjectionLaunch:
+    """The fused edge projection's plan for heads of ``head_dim`` channels and ``extended_dim`` (D + bias) weight
+    rows: the widest channel tile (a power of two, at least 16) whose node-block programs fit ``shared_memory``
+    bytes and the register bound; None where even 16 channels do not fit."""
+    plan = ProjectionLaunch()
+    block_d = dot_width(extended_dim)
+    budget = shared_memory - _SHARED_MEMORY_MARGIN
+    block_c = dot_width(head_dim)
+    while block_c >= 16:
+        tiles = (
+            ("project", plan.project_block),
+            ("expand", plan.expand_block),
+            ("weight_grad", plan.grad_block),
+        )
+        fits = all(node_block_shared_bytes(kernel, n, block_d, block_c) <= budget for kernel, n in tiles)
+        bound = _MAX_WHOLE_ROW_TILE if block_c == dot_width(head_dim) else _MAX_NODE_TILE
+        if fits and max(max(n for _, n in tiles), block_d) * block_c <= bound:
+            break
+        block_c //= 2
+    else:
+        return None
+    return plan if block_c >= dot_width(head_dim) else dataclasses.replace(plan, channel_block=block_c)
 
 
 @dataclass(frozen=True)
@@ -108,17 +169,37 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+def dot_width(n: int) -> int:
+    """n padded to a power of two, at least 16: tl.dot's operands need 16 along every axis."""
+    return max(16, next_power_of_2(n))
+
+
+# The most warps a walk program gets on heads wider than its row slice (1 x 4096 runs the by-destination pass on
+# 8 warps instead of 1): the elements per thread stay those of the tuned layouts instead of spilling.
+_MAX_WALK_WARPS = 16
+
+
 def _launch(num_heads: int, block_c: int, row_slice: int, num_warps: int, num_stages: int, **kw) -> KernelLaunch:
     block_h = min(next_power_of_2(num_heads), max(1, row_slice // block_c))
-    return KernelLaunch(block_h, cdiv(num_heads, block_h), num_warps, num_stages, **kw)
+    warps = min(_MAX_WALK_WARPS, num_warps * max(1, block_h * block_c // row_slice))
+    return KernelLaunch(block_h, cdiv(num_heads, block_h), warps, num_stages, **kw)
 
 
 @functools.cache
-def attention_launch_config(num_heads: int, head_dim: int, edge_projection: bool = False) -> AttentionLaunchConfig:
-    """Launch settings for H heads of C channels, and for the fused edge projection (edge features from raw
-    attributes inside the kernels) where ``edge_projection`` (cached: it runs on every call's host path)."""
+def attention_launch_config(
+    num_heads: int, head_dim: int, extended_dim: int = 0, shared_memory: int = DEFAULT_SHARED_MEMORY
+) -> AttentionLaunchConfig | None:
+    """Launch settings for H heads of C channels; with ``extended_dim`` > 0 (D + bias), for the fused edge
+    projection (edge features from raw attributes inside the kernels) too, its tiles fitted to ``shared_memory``
+    bytes per program (the device's limit: shared_memory_per_block). None where the projection's tiles cannot fit
+    (the caller then projects the features itself). Cached: it runs on every call's host path."""
     block_c = next_power_of_2(head_dim)
     per_program = _BACKWARD_EDGES_PER_PROGRAM
+    projection = ProjectionLaunch()
+    if extended_dim:
+        projection = projection_launch(head_dim, extended_dim, shared_memory)
+        if projection is None:
+            return None
     return AttentionLaunchConfig(
         block_c=block_c,
         forward=_launch(
@@ -127,12 +208,24 @@ def attention_launch_config(num_heads: int, head_dim: int, edge_projection: bool
         ),
         by_destination=_launch(
             num_heads, block_c, _BY_DESTINATION_ROW_SLICE, num_warps=1, num_stages=3, edges_per_program=per_program,
-            max_registers=0 if edge_projection else _BY_DESTINATION_MAX_REGISTERS,
+            max_registers=0 if extended_dim else _BY_DESTINATION_MAX_REGISTERS,
         ),
         by_source=_launch(
             num_heads, block_c, _BY_SOURCE_ROW_SLICE, num_warps=2, num_stages=4, edges_per_program=per_program
         ),
+        projection=projection,
     )
+
+
+def edge_projection_pays(num_edges: int, num_dst: int, extended_dim: int, norm: str | None) -> bool:
+    """Whether the fused edge projection is expected to beat forming the edge features with a matmul and running the
+    attention on them (benchmarks/NOTES.md, v18, sets the rule from measurements)."""
+    return True
+
+
+def launch_config_for(num_heads: int, head_dim: int, extended_dim: int, device) -> AttentionLaunchConfig | None:
+    """attention_launch_config for a device: its own shared-memory limit (the default one off CUDA)."""
+    return attention_launch_config(num_heads, head_dim, extended_dim, shared_memory_per_block(device))
 
 
 @dataclass(frozen=True)

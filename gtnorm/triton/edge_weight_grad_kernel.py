@@ -12,12 +12,14 @@ many partial rows per program (~900 MB on the large graphs); grouped by destinat
 [D + 1, N_dst] by [N_dst, C] matrices, which tl.dot runs on the tensor cores. Each program takes one head and one
 stretch of destinations and writes one [D + 1, C] partial block; there are at most a few per SM (config.py), so
 the partials stay a few MB, and the host sums them over the stretches in a fixed order: bitwise reproducible.
+Heads wider than the plan's channel tile take one program per tile of BLOCK_C channels (grid axis 2, CHUNKED), the
+query's norm statistics then read from the whole row in tiles (chunked_norm_stats).
 """
 
 import triton
 import triton.language as tl
 
-from gtnorm.triton.tiles import load_norm_param, normalize_heads
+from gtnorm.triton.tiles import NORM_NONE, chunked_norm_stats, load_norm_param, norm_apply, normalize_heads
 
 
 @triton.jit
@@ -39,14 +41,16 @@ def edge_weight_grad_kernel(
     HAS_Q_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,  # D1 padded to a power of two, at least 16 (tl.dot)
-    BLOCK_C: tl.constexpr,  # C padded to a power of two, at least 16 (tl.dot)
+    BLOCK_C: tl.constexpr,  # channels per tile: C padded to a power of two (at least 16), or fewer with CHUNKED
+    CHUNKED: tl.constexpr,  # BLOCK_C < C: this program's tile c0 = program_id(2) * BLOCK_C of the head's channels
 ):
     head = tl.program_id(1)
+    c0 = tl.program_id(2) * BLOCK_C
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_c = tl.arange(0, BLOCK_C)
-    w_q = load_norm_param(q_weight_ptr, C, HAS_Q_WEIGHT, 1.0, BLOCK_C)
-    b_q = load_norm_param(q_bias_ptr, C, HAS_Q_BIAS, 0.0, BLOCK_C)
+    offs_c = c0 + tl.arange(0, BLOCK_C)
+    w_q = load_norm_param(q_weight_ptr + c0, C - c0, HAS_Q_WEIGHT, 1.0, BLOCK_C)
+    b_q = load_norm_param(q_bias_ptr + c0, C - c0, HAS_Q_BIAS, 0.0, BLOCK_C)
     first = tl.program_id(0) * nodes_per_program
     end = tl.minimum(first + nodes_per_program, num_nodes)
     acc = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
@@ -61,7 +65,15 @@ def edge_weight_grad_kernel(
         row_offsets = nodes[:, None] * (H * C) + head * C + offs_c[None, :]
         d_out = tl.load(grad_out_ptr + row_offsets, mask=row_mask, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_C]
         q = tl.load(query_ptr + row_offsets, mask=row_mask, other=0.0).to(tl.float32)
-        q = normalize_heads(q, w_q, b_q, C, eps_q, NORM)
+        if CHUNKED:
+            if NORM != NORM_NONE:
+                head_offsets = nodes[:, None] * (H * C) + tl.arange(0, BLOCK_C)[None, :]
+                mean, rstd = chunked_norm_stats(
+                    query_ptr + head * C, head_offsets, node_mask, C, eps_q, NORM, BLOCK_C
+                )
+                q = norm_apply(q, mean, rstd, w_q, b_q, NORM)
+        else:
+            q = normalize_heads(q, w_q, b_q, C, eps_q, NORM)
         # tf32x3: fp32 accuracy (three tf32 products) at tensor-core speed; plain tf32 would round dW to ~1e-3.
         acc += tl.dot(tl.trans(attn_sum), d_out, input_precision="tf32x3")
         acc += tl.dot(tl.trans(grad_s_sum), q, input_precision="tf32x3")

@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from gtnorm._runtime import device_guard, new_output, sm_count
+from gtnorm._runtime import device_guard, new_output
 from gtnorm.triton.backward_kernels import (
     edge_softmax_backward_by_destination_kernel,
     edge_softmax_backward_by_source_kernel,
@@ -24,17 +24,14 @@ from gtnorm.triton.backward_kernels import (
 from gtnorm.triton.config import (
     AttentionLaunchConfig,
     ColumnSumLaunch,
-    ProjectionLaunch,
-    attention_launch_config,
     cdiv,
     column_sum_launch,
+    launch_config_for,
     next_power_of_2,
 )
-from gtnorm.triton.edge_features_grad_kernel import edge_features_grad_kernel
-from gtnorm.triton.edge_weight_grad_kernel import edge_weight_grad_kernel
+from gtnorm.triton.edge_projection_launch import EdgeProjection
 from gtnorm.triton.forward_kernel import graph_attention_forward_kernel
 from gtnorm.triton.launcher import Launcher
-from gtnorm.triton.node_projection_kernels import add_expanded_rows_kernel, project_rows_kernel
 from gtnorm.triton.partial_sum_kernel import column_sum_kernel
 
 LOG2E = 1.4426950408889634
@@ -45,10 +42,6 @@ NORM_CODES = {"none": 0, "rms": 1, "layer": 2}
 launch_forward_walk = Launcher(graph_attention_forward_kernel)
 launch_by_destination_walk = Launcher(edge_softmax_backward_by_destination_kernel)
 launch_by_source_walk = Launcher(edge_softmax_backward_by_source_kernel)
-launch_project_rows = Launcher(project_rows_kernel)
-launch_add_expanded_rows = Launcher(add_expanded_rows_kernel)
-launch_edge_weight_grad = Launcher(edge_weight_grad_kernel)
-launch_edge_features_grad = Launcher(edge_features_grad_kernel)
 launch_column_sum = Launcher(column_sum_kernel)
 
 
@@ -78,7 +71,7 @@ def attention_forward(
     qk_norm: str,  # "none", "rms" or "layer"
     eps_q: float,
     eps_k: float,
-    launch: AttentionLaunchConfig | None = None,  # None: attention_launch_config(H, C, edge projection?)
+    launch: AttentionLaunchConfig | None = None,  # None: the default plan (_default_plan)
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Returns (out [N_dst, H, C] in query's dtype, lse [N_dst, H] fp32 log2-sum-exp2 of the scores, query_proj),
     query_proj being the normalised query projected onto the edge weights, [N_dst, H, D + bias] fp32, with a fused
@@ -92,7 +85,7 @@ def attention_forward(
     query_proj = new_output(proj_shape, torch.float32, device) if edge_proj else None
     if num_dst == 0:
         return out, lse, query_proj
-    launch = launch or attention_launch_config(num_heads, head_dim, edge_proj)
+    launch = launch or _default_plan(num_heads, head_dim, edge_features, edge_bias, device)
     fwd = launch.forward
     busy_slots = num_dst - dst_without_edges.numel()  # slots with edges come first
     mean_in_degree = csc_src.numel() / max(busy_slots, 1)
@@ -105,7 +98,7 @@ def attention_forward(
         _zero_rows((out, lse, feature_means) if edge_proj else (out, lse), dst_without_edges)
         if busy_slots == 0:
             return out, lse, query_proj
-        projection = _Projection(edge_weight, edge_bias, launch.projection) if edge_proj else None
+        projection = EdgeProjection(edge_weight, edge_bias, launch.projection) if edge_proj else None
         if edge_proj:
             projection.project(query, q_norm_weight, q_norm_bias, NORM_CODES[qk_norm], eps_q, query_proj)
         launch_forward_walk[(cdiv(busy_slots, nodes_per_program), fwd.head_groups)](
@@ -193,7 +186,7 @@ def attention_backward(
     eps_q: float,
     eps_k: float,
     edge_features_grad: bool,  # whether to compute d edge_features
-    launch: AttentionLaunchConfig | None = None,  # None: attention_launch_config(H, C, edge projection?)
+    launch: AttentionLaunchConfig | None = None,  # None: the default plan (_default_plan)
 ) -> tuple[Tensor | None, ...]:
     """Returns (dq, dk, dv, d_edge_attr, d_edge_features, d_edge_weight, d_edge_bias, d_q_norm_weight,
     d_q_norm_bias, d_k_norm_weight, d_k_norm_bias), each in its input's dtype (contiguous); None for absent inputs
@@ -211,7 +204,7 @@ def attention_backward(
     grad_edge_attr = new_output(edge_attr.shape, edge_attr.dtype, device) if has_edge_attr else None
     edge_proj = edge_features is not None
     edge_features_grad = edge_proj and edge_features_grad
-    launch = launch or attention_launch_config(num_heads, head_dim, edge_features is not None)
+    launch = launch or _default_plan(num_heads, head_dim, edge_features, edge_bias, device)
     by_dst, by_src = launch.by_destination, launch.by_source
     dst_slots = num_dst - dst_without_edges.numel()  # slots with edges come first
     src_slots = num_src - src_without_edges.numel()
@@ -224,11 +217,11 @@ def attention_backward(
     q_params = [p for p in (q_norm_weight, q_norm_bias) if p is not None] if normed else []
     k_params = [k_norm_weight] if normed and k_norm_weight is not None else []  # no key bias: _norm_flags
     q_partial_width, k_partial_width = len(q_params) * head_dim, len(k_params) * head_dim
-    projection = _Projection(edge_weight, edge_bias, launch.projection) if edge_proj else None
+    projection = EdgeProjection(edge_weight, edge_bias, launch.projection) if edge_proj else None
     # With the edge projection, e's term of dq' passes the query norm's backward for blocks of nodes, whose
     # programs add their own partial rows after the by-destination pass's.
     q_partial_rows = dst_programs * by_dst.head_groups
-    q_partial_rows += projection.programs(num_dst) if edge_proj and normed else 0
+    q_partial_rows += projection.partial_rows(num_dst, num_heads, head_dim) if edge_proj and normed else 0
     scratch = [(num_edges, num_heads), (num_edges, num_heads), (num_dst, num_heads)]  # attn, dS, delta
     scratch += [(q_partial_rows, q_partial_width), (src_programs * by_src.head_groups, k_partial_width)]
     # With the edge projection, per destination: P = sum a x and S = sum dS x / sqrt(C) over its edges
@@ -301,6 +294,17 @@ def attention_backward(
     )  # fmt: skip
 
 
+def _default_plan(num_heads: int, head_dim: int, edge_features, edge_bias, device) -> AttentionLaunchConfig:
+    extended_dim = _extended_dim(edge_features, edge_bias) if edge_features is not None else 0
+    plan = launch_config_for(num_heads, head_dim, extended_dim, device)
+    if plan is None:  # graph_transformer_attention materialises the edge features instead (edge_projection_fits)
+        raise ValueError(
+            f"the fused edge projection's tiles do not fit this device for {num_heads} x {head_dim} and "
+            f"{extended_dim} weight rows: pass edge_attr (edge_features @ edge_weight + edge_bias) instead"
+        )
+    return plan
+
+
 def _edge_projection_flags(edge_features: Tensor | None, edge_bias: Tensor | None) -> dict:
     edge_proj = edge_features is not None
     return dict(
@@ -314,132 +318,6 @@ def _edge_projection_flags(edge_features: Tensor | None, edge_bias: Tensor | Non
 def _extended_dim(edge_features: Tensor, edge_bias: Tensor | None) -> int:
     """D + 1 with a bias (its extra row of W, edge_projection.py), else D."""
     return edge_features.shape[1] + int(edge_bias is not None)  # int: a SymInt plus a bool fails under tracing
-
-
-def _dot_width(n: int) -> int:
-    """n padded to a power of two, at least 16: tl.dot's operands need 16 along every axis."""
-    return max(16, next_power_of_2(n))
-
-
-class _Projection:
-    """Launches of the fused edge projection's kernels besides the edge walks, for one weight and bias."""
-
-    def __init__(
-        self,
-        weight: Tensor,  # [D, H * C], any strides (fastest with contiguous columns: attention.py copies to those)
-        bias: Tensor | None,  # [H * C]
-        plan: ProjectionLaunch,
-    ):
-        self.weight, self.bias, self.plan = weight, bias, plan
-        self.edge_dim = weight.shape[0]
-        extended = self.edge_dim + (bias is not None)
-        self.block_d = _dot_width(extended)
-        self.flags = dict(D=self.edge_dim, HAS_EDGE_BIAS=bias is not None)
-
-    def _weight_args(self, fallback: Tensor) -> list:
-        return [self.weight, self.bias if self.bias is not None else fallback, *self.weight.stride()]
-
-    def programs(self, num_nodes: int) -> int:
-        """Programs of add_expanded (each writes one row of parameter-gradient partials)."""
-        return cdiv(num_nodes, self.plan.expand_block)
-
-    def project(
-        self,
-        rows: Tensor,  # [N, H, C]
-        norm_weight: Tensor | None,  # [C]
-        norm_bias: Tensor | None,  # [C]
-        norm: int,  # NORM_CODES
-        eps: float,
-        out: Tensor,  # [N, H, D + bias] fp32
-    ) -> None:
-        """out = norm(rows) projected onto W (and b) per head."""
-        num_nodes, num_heads, head_dim = rows.shape
-        if num_nodes == 0:
-            return
-        launch_project_rows[(cdiv(num_nodes, self.plan.project_block),)](
-            rows, *_or(rows, norm_weight, norm_bias), *self._weight_args(rows), out,
-            num_nodes, num_heads, head_dim, eps,
-            NORM=norm, HAS_NORM_WEIGHT=norm_weight is not None, HAS_NORM_BIAS=norm_bias is not None,
-            BLOCK_N=self.plan.project_block, BLOCK_D=self.block_d, BLOCK_C=_dot_width(head_dim),
-            num_warps=self.plan.node_warps, **self.flags,
-        )  # fmt: skip
-
-    def add_expanded(
-        self,
-        sums: Tensor,  # [N, H, D + bias] fp32, rows sums.stride(0) apart
-        target: Tensor,  # [N, H, C], updated in place
-        query: Tensor | None = None,  # [N, H, C]: with a norm, sums W is a term of dq' (add_expanded_rows_kernel)
-        q_weight: Tensor | None = None,  # [C]
-        q_bias: Tensor | None = None,  # [C]
-        norm: int = 0,  # NORM_CODES
-        eps_q: float = 0.0,
-        partial: Tensor | None = None,  # [rows, width] fp32: the query norm's parameter-gradient partial rows
-        first_partial_row: int = 0,
-    ) -> None:
-        num_nodes, num_heads, head_dim = target.shape
-        if num_nodes == 0:
-            return
-        launch_add_expanded_rows[(self.programs(num_nodes),)](
-            sums, sums.stride(0), *self._weight_args(sums), target, *_or(target, query, q_weight),
-            *_or(sums, partial), partial.shape[1] if partial is not None else 0, first_partial_row,
-            num_nodes, num_heads, head_dim, eps_q,
-            NORM=norm, HAS_Q_WEIGHT=q_weight is not None, HAS_Q_BIAS=q_bias is not None,
-            BLOCK_N=self.plan.expand_block, BLOCK_D=self.block_d, BLOCK_C=_dot_width(head_dim),
-            num_warps=self.plan.node_warps, **self.flags,
-        )  # fmt: skip
-
-    def weight_grads(
-        self,
-        feature_sums: Tensor,  # [N_dst, 2, H, D + bias] fp32: P, S from the by-destination pass
-        query: Tensor,  # [N_dst, H, C]
-        grad_out: Tensor,  # [N_dst, H, C]
-        q_norm_weight: Tensor | None,  # [C]
-        q_norm_bias: Tensor | None,  # [C]
-        norm: int,  # NORM_CODES
-        eps_q: float,
-    ) -> tuple[Tensor, Tensor | None]:  # d edge_weight [D, H * C], d edge_bias [H * C]
-        """dW and db from the per-destination sums (edge_weight_grad_kernel.py)."""
-        num_dst, num_heads, head_dim = query.shape
-        extended_dim = feature_sums.shape[3]
-        block_n = self.plan.grad_block
-        per_head = self.plan.grad_programs_per_sm * sm_count(query.device) // num_heads
-        programs = max(1, min(cdiv(num_dst, block_n), per_head))
-        nodes_per_program = cdiv(cdiv(max(num_dst, 1), programs), block_n) * block_n
-        programs = cdiv(max(num_dst, 1), nodes_per_program)
-        partial = new_output((programs, extended_dim, num_heads * head_dim), torch.float32, query.device)
-        launch_edge_weight_grad[(programs, num_heads)](
-            feature_sums, query, grad_out, *_or(query, q_norm_weight, q_norm_bias), partial,
-            num_dst, nodes_per_program, num_heads, head_dim, eps_q,
-            D1=extended_dim, NORM=norm, HAS_Q_WEIGHT=q_norm_weight is not None, HAS_Q_BIAS=q_norm_bias is not None,
-            BLOCK_N=block_n, BLOCK_D=self.block_d, BLOCK_C=_dot_width(head_dim),
-        )  # fmt: skip
-        sums = partial.sum(dim=0)  # [D + bias, H * C], over the programs in a fixed order
-        grad_weight = sums[: self.edge_dim].to(self.weight.dtype, copy=True)
-        grad_bias = sums[self.edge_dim].to(self.bias.dtype, copy=True) if self.bias is not None else None
-        return grad_weight, grad_bias
-
-    def edge_features_grad(
-        self,
-        edge_features: Tensor,  # [M, D]
-        csc_dst: Tensor,  # [M] int32
-        csc_edge_id: Tensor,  # [M] int32
-        attn: Tensor,  # [M, H] fp32
-        grad_attn: Tensor,  # [M, H] fp32
-        delta: Tensor,  # [N_dst, H] fp32
-        query_proj: Tensor,  # [N_dst, H, D + bias] fp32
-        grad_out_proj: Tensor,  # [N_dst, H, D + bias] fp32
-        sm_scale: float,
-    ) -> Tensor:  # [M, D] in edge_features' dtype
-        num_edges, edge_dim = edge_features.shape
-        grad = new_output(edge_features.shape, edge_features.dtype, edge_features.device)
-        if num_edges:
-            launch_edge_features_grad[(cdiv(num_edges, self.plan.edge_block),)](
-                csc_dst, csc_edge_id, attn, grad_attn, delta, query_proj, grad_out_proj, grad,
-                num_edges, attn.shape[1], sm_scale,
-                D=edge_dim, D1=query_proj.shape[2], BLOCK_E=self.plan.edge_block,
-                BLOCK_D=next_power_of_2(edge_dim), num_warps=self.plan.edge_warps,
-            )  # fmt: skip
-        return grad
 
 
 def _or(fallback: Tensor, *tensors: Tensor | None) -> list[Tensor]:

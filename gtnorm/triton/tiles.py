@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from gtnorm.layernorm.math import (
+    FLOAT32_MAX,
     layer_norm_affine,
     layer_norm_backward,
     layer_norm_forward,
@@ -157,3 +158,37 @@ def normalize_heads_backward(x, mean, rstd, w, dy, mask, C, NORM: tl.constexpr):
         x_hat = x * rstd
         dx = rms_norm_backward(x, rstd, w, dy, C, len(x.shape) - 1)
     return dx, x_hat
+
+
+@triton.jit
+def row_chunk(ptr, row_offsets, node_mask, c0, C, BLOCK_C: tl.constexpr):
+    """Channels c0 .. c0 + BLOCK_C of a block of head rows (``row_offsets``: [BLOCK_N, BLOCK_C] of channel 0) as fp32,
+    0 past C and on masked nodes; and that mask."""
+    mask = node_mask[:, None] & ((c0 + tl.arange(0, BLOCK_C))[None, :] < C)
+    return tl.load(ptr + row_offsets + c0, mask=mask, other=0.0).to(tl.float32), mask
+
+
+@triton.jit
+def chunked_norm_stats(ptr, row_offsets, node_mask, C, eps, NORM: tl.constexpr, BLOCK_C: tl.constexpr):
+    """(mean, rstd) [BLOCK_N, 1] of a block of head rows read in channel tiles: the statistics norm_stats takes from a
+    whole row, with LayerNorm's two passes (the mean, then the centred variance); mean is 0 for RMSNorm."""
+    total = tl.zeros([row_offsets.shape[0], 1], tl.float32)
+    for c0 in range(0, C, BLOCK_C):
+        x, _ = row_chunk(ptr, row_offsets, node_mask, c0, C, BLOCK_C)
+        if NORM == NORM_LAYER:
+            total += tl.sum(x, axis=1, keep_dims=True)
+        else:
+            total += tl.sum(x * x, axis=1, keep_dims=True)
+    if NORM == NORM_LAYER:
+        mean = total / C
+        var = tl.zeros_like(total)
+        for c0 in range(0, C, BLOCK_C):
+            x, mask = row_chunk(ptr, row_offsets, node_mask, c0, C, BLOCK_C)
+            centred = tl.where(mask, x - mean, 0.0)
+            var += tl.sum(centred * centred, axis=1, keep_dims=True)
+        # Finite for an all-zero row with eps = 0, as layer_norm_stats.
+        rstd = tl.minimum(tl.rsqrt(var / C + eps), FLOAT32_MAX)
+    else:
+        mean = tl.zeros_like(total)
+        rstd = tl.rsqrt(total / C + eps)
+    return mean, rstd

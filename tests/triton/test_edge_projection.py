@@ -7,12 +7,15 @@ own error (x 1.5, + 1e-3) for 16-bit ones.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import gtnorm
 from gtnorm import _runtime
 from gtnorm.nn.reference import reference_graph_transformer_attention
+from gtnorm.triton.config import attention_launch_config
 from tests.conftest import DEVICE, HAS_CUDA
 from tests.graphs import SmallGraph, key_bias_error, make_graph, rel_error
 from tests.triton.test_attention import assert_refused_before_launch, layout_of, torch_norm
@@ -68,9 +71,9 @@ def _grads(out, inputs, grad_out):
     return dict(zip(names, grads, strict=True))
 
 
-def run_gtnorm(inputs, layout, grad_out, qk_norm, eps=EPS):
+def run_gtnorm(inputs, layout, grad_out, qk_norm, eps=EPS, launch=None):
     out = gtnorm.graph_transformer_attention(
-        inputs["query"], inputs["key"], inputs["value"], None, layout, qk_norm=qk_norm, eps=eps,
+        inputs["query"], inputs["key"], inputs["value"], None, layout, qk_norm=qk_norm, eps=eps, launch=launch,
         **{name: inputs[name] for name in (*PROJECTION_NAMES, *PARAM_NAMES)},
     )  # fmt: skip
     return out, _grads(out, inputs, grad_out)
@@ -102,12 +105,12 @@ def assert_matches(out, grads, ref_out, ref_grads, tolerance):
         assert grad_error(name, grads, ref_grads) < tolerance, name
 
 
-def check_float32(graph, heads, channels, edge_dim, qk_norm, bias=True, no_grad=()):
+def check_float32(graph, heads, channels, edge_dim, qk_norm, bias=True, no_grad=(), launch=None):
     inputs = make_inputs(graph, heads, channels, edge_dim, bias=bias, qk_norm=qk_norm)
     grad_out = torch.randn(graph.num_dst, heads, channels, dtype=torch.float64)
     ref_out, ref_grads = run_reference(leaf_copies(inputs, torch.float64, "cpu", no_grad), graph, grad_out, qk_norm)
     leaves = leaf_copies(inputs, torch.float32, DEVICE, no_grad)
-    out, grads = run_gtnorm(leaves, layout_of(graph), grad_out.to(DEVICE), qk_norm)
+    out, grads = run_gtnorm(leaves, layout_of(graph), grad_out.to(DEVICE), qk_norm, launch=launch)
     assert out.dtype == torch.float32
     assert_matches(out, grads, ref_out, ref_grads, 1e-5)
     return grads
@@ -126,6 +129,16 @@ def test_matches_reference_float32(edge_dim_graph, bias, qk_norm):
 def test_matches_reference_other_sizes(heads_channels):
     """Several heads per program and one head alone (and Anemoi's sizes on a GPU)."""
     check_float32(make_graph("encoder_like"), *heads_channels, 11, "layer")
+
+
+@pytest.mark.parametrize("qk_norm", [True, "layer", False], ids=["rms", "layer", "no_norm"])
+def test_channel_tiles_match_reference(qk_norm):
+    """Heads walked in channel tiles by the node-block kernels and the weights' gradient (the plan for wide heads,
+    forced here on 40 channels: tiles of 16, the last partial)."""
+    heads, channels, edge_dim = 2, 40, 5
+    plan = attention_launch_config(heads, channels, edge_dim + 1)
+    plan = dataclasses.replace(plan, projection=dataclasses.replace(plan.projection, channel_block=16))
+    check_float32(make_graph("encoder_like"), heads, channels, edge_dim, qk_norm, launch=plan)
 
 
 def test_edge_features_without_grad():

@@ -1,7 +1,8 @@
 """The fused edge projection's node-block kernels (gtnorm/triton/node_projection_kernels.py, launched through
-ops._Projection) against torch in float64, on fresh random inputs: odd sizes (node counts that leave a partial
-block, C and D + 1 below tl.dot's 16), a strided weight as torch.nn.Linear's ``weight.t()`` gives it, with and
-without a bias. float32 kernels: 1e-5 relative (tf32x3 products, measured ~1e-7)."""
+edge_projection_launch.EdgeProjection) against torch in float64, on fresh random inputs: odd sizes (node counts
+that leave a partial block, C and D + 1 below tl.dot's 16), a strided weight as torch.nn.Linear's ``weight.t()``
+gives it, with and without a bias, each head's row whole and in channel tiles (the last one partial). float32
+kernels: 1e-5 relative (tf32x3 products, measured ~1e-7)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import torch
 
 from gtnorm import _runtime
 from gtnorm.triton.config import ProjectionLaunch
-from gtnorm.triton.ops import NORM_CODES, _Projection
+from gtnorm.triton.edge_projection_launch import EdgeProjection
+from gtnorm.triton.ops import NORM_CODES
 from tests.conftest import DEVICE
 from tests.graphs import rel_error
 
 EPS = 1e-5
+# 0: each head's row in one tile; 16: in tiles of 16 channels (what the plan picks for wide heads).
+CHANNEL_TILES = pytest.mark.parametrize("channel_block", [0, 16], ids=["whole_rows", "channel_tiles"])
 
 
 @pytest.fixture(autouse=True)
@@ -39,9 +43,10 @@ def _on_device(*tensors):
 
 @pytest.mark.parametrize("norm", ["none", "rms", "layer"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
-def test_project_rows_matches_torch(norm, bias):
+@CHANNEL_TILES
+def test_project_rows_matches_torch(norm, bias, channel_block):
     generator = torch.Generator().manual_seed(torch.seed() % 2**31)
-    nodes, heads, channels, edge_dim = 70, 3, 12, 5
+    nodes, heads, channels, edge_dim = 70, 3, 12 if not channel_block else 36, 5
     rows = 3.0 + torch.randn(nodes, heads, channels, generator=generator, dtype=torch.float64)
     norm_weight = 1.0 + 0.5 * torch.randn(channels, generator=generator, dtype=torch.float64)
     norm_bias = 0.5 * torch.randn(channels, generator=generator, dtype=torch.float64) if norm == "layer" else None
@@ -58,13 +63,14 @@ def test_project_rows_matches_torch(norm, bias):
         rows, weight, edge_bias, norm_weight, norm_bias
     )
     out = torch.empty(nodes, heads, expected.shape[2], device=DEVICE)
-    projection = _Projection(dev_weight, dev_bias, ProjectionLaunch())
+    projection = EdgeProjection(dev_weight, dev_bias, ProjectionLaunch(channel_block=channel_block))
     projection.project(dev_rows, dev_norm_weight, dev_norm_bias, NORM_CODES[norm], EPS, out)
     assert rel_error(out.double().cpu(), expected) < 1e-5
 
 
 @pytest.mark.parametrize("norm", ["none", "rms", "layer"])
-def test_add_expanded_rows_matches_torch(norm):
+@CHANNEL_TILES
+def test_add_expanded_rows_matches_torch(norm, channel_block):
     """target += sums W; with a norm, sums W is a term of dL/dq' and what is added is dL/dq through the norm (the
     gradient autograd gives), with its terms of the norm parameters' gradients in the partial rows."""
     generator = torch.Generator().manual_seed(torch.seed() % 2**31)
@@ -77,7 +83,7 @@ def test_add_expanded_rows_matches_torch(norm):
     q_bias = (0.5 * torch.randn(channels, generator=generator, dtype=torch.float64)).requires_grad_()
     grad_q_norm = torch.einsum("nhd,dhc->nhc", sums, _extended(weight, edge_bias).view(-1, heads, channels))
 
-    projection = _Projection(*_on_device(weight, edge_bias), ProjectionLaunch())
+    projection = EdgeProjection(*_on_device(weight, edge_bias), ProjectionLaunch(channel_block=channel_block))
     dev_sums, dev_target = _on_device(sums, target)
     if norm == "none":
         projection.add_expanded(dev_sums, dev_target)
@@ -94,7 +100,7 @@ def test_add_expanded_rows_matches_torch(norm):
     grads = torch.autograd.grad(normalised, (leaf, *params), grad_q_norm)
     width = channels * len(params)
     first_row = 3  # rows before it belong to another kernel: left as they are
-    partial = torch.full((first_row + projection.programs(nodes), width), 7.0, device=DEVICE)
+    partial = torch.full((first_row + projection.partial_rows(nodes, heads, channels), width), 7.0, device=DEVICE)
     dev_query, dev_q_weight, dev_q_bias = _on_device(query, q_weight.detach(), bias_arg)
     projection.add_expanded(
         dev_sums, dev_target, dev_query, dev_q_weight, dev_q_bias, NORM_CODES[norm], EPS, partial, first_row
