@@ -16,6 +16,7 @@ from torch import Tensor
 
 import gtnorm
 from gtnorm.nn.reference import reference_graph_transformer_attention
+from gtnorm.triton.config import launch_config_for
 
 RMS_VARIANTS = ("pyg", "pyg_compiled", "unfused", "unfused_compiled_norm", "fused")
 LAYER_NORM_VARIANTS = ("pyg_layer", "unfused_layer", "unfused_compiled_layer", "anemoi_layer", "fused_layer")
@@ -65,6 +66,8 @@ class BenchInputs:
     layout: gtnorm.GraphLayout  # built once per graph, outside every timed region (as in training)
     eps: float
     edge_projection: EdgeProjectionInputs | None = None  # the projection variants', made on first use
+    projection_norm: str = "layer"  # the projection variants' qk_norm: "layer", "rms" or "none"
+    projection_edge_dim: int = EDGE_DIM  # their raw attributes per edge
 
     @property
     def num_src(self) -> int:
@@ -293,13 +296,19 @@ def _anemoi_attention(inputs: BenchInputs, layer_norm) -> Callable[[], Tensor]:
 def _build_projection_variant(name: str, inputs: BenchInputs) -> Variant:
     """Leaves: q, k, v, raw attributes, lin_edge weight and bias, norm weights and biases."""
     q, k, v, layout, eps = inputs.query, inputs.key, inputs.value, inputs.layout, inputs.eps
-    norm = dict(
-        q_norm_weight=inputs.q_norm_weight, q_norm_bias=inputs.q_norm_bias, k_norm_weight=inputs.k_norm_weight,
-        k_norm_bias=inputs.k_norm_bias,
-    )  # fmt: skip
-    projection = edge_projection_inputs(inputs)
+    kind = inputs.projection_norm
+    norm = {}
+    for side in ("q", "k"):  # leaves in the order q weight, q bias, k weight, k bias (those the norm has)
+        if kind != "none":
+            norm[f"{side}_norm_weight"] = getattr(inputs, f"{side}_norm_weight")
+        if kind == "layer":
+            norm[f"{side}_norm_bias"] = getattr(inputs, f"{side}_norm_bias")
+    qk_norm = kind if kind != "none" else False
+    projection = edge_projection_inputs(inputs, inputs.projection_edge_dim)
     x, weight, bias = projection.leaves
     leaves = (q, k, v, *projection.leaves, *norm.values())
+    # Passed in, so that the kernels project whatever the op's dispatch rule (config.edge_projection_pays) picks.
+    plan = launch_config_for(*q.shape[1:], x.shape[1] + 1, q.device)
     if name == "fused_projection":
         return Variant(
             name,
@@ -309,11 +318,12 @@ def _build_projection_variant(name: str, inputs: BenchInputs) -> Variant:
                 v,
                 None,
                 layout,
-                qk_norm="layer",
+                qk_norm=qk_norm,
                 eps=eps,
                 edge_features=x,
                 edge_weight=weight.t(),
                 edge_bias=bias,
+                launch=plan,
                 **norm,
             ),  # fmt: skip
             leaves,
@@ -322,7 +332,7 @@ def _build_projection_variant(name: str, inputs: BenchInputs) -> Variant:
 
         def materialised() -> Tensor:
             e = F.linear(x.to(q.dtype), weight.to(q.dtype), bias.to(q.dtype)).view(x.shape[0], *q.shape[1:])
-            return gtnorm.graph_transformer_attention(q, k, v, e, layout, qk_norm="layer", eps=eps, **norm)
+            return gtnorm.graph_transformer_attention(q, k, v, e, layout, qk_norm=qk_norm, eps=eps, **norm)
 
         return Variant(name, materialised, leaves)
     raise ValueError(f"unknown variant {name!r}; expected one of {VARIANTS}")
