@@ -110,7 +110,7 @@ def fuses_edge_projection(query: Tensor, edge_features, edge_bias, layout: Graph
         return False
     heads, channels = query.shape[1:]
     extended_dim = edge_features.shape[1] + int(edge_bias is not None)
-    if not edge_projection_pays(layout.num_edges, layout.num_dst, extended_dim, kind):
+    if not edge_projection_pays(layout.num_edges, layout.num_dst, kind):
         return False
     if launch_config_for(heads, channels, extended_dim, query.device) is not None:
         return True

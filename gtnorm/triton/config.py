@@ -217,10 +217,19 @@ def attention_launch_config(
     )
 
 
-def edge_projection_pays(num_edges: int, num_dst: int, extended_dim: int, norm: str | None) -> bool:
-    """Whether the fused edge projection is expected to beat forming the edge features with a matmul and running the
-    attention on them (benchmarks/NOTES.md, v18, sets the rule from measurements)."""
-    return True
+# The fused edge projection against lin_edge materialised + the attention, fwd+bwd, H100, bf16, 16 x 64, D = 8
+# (benchmarks/NOTES.md, v18): 1.00-1.79x on every graph with 6 or more edges per destination, any norm; on the
+# decoders (3 per destination) 0.74-0.92x on r5 -> O96 and, on r6 -> O320, 1.37x without a norm, 1.00x with LayerNorm.
+_PROJECTION_MIN_DEGREE = 6.0
+_PROJECTION_MIN_EDGES_LOW_DEGREE = 1_000_000  # below the degree: only without a norm, on graphs this large
+
+
+def edge_projection_pays(num_edges: int, num_dst: int, norm: str | None) -> bool:
+    """Whether the fused edge projection is measured to beat forming the edge features with a matmul and running
+    the attention on them, for a graph of these sizes and a QK norm (None, "rms", "layer")."""
+    if num_edges >= _PROJECTION_MIN_DEGREE * max(num_dst, 1):
+        return True
+    return norm is None and num_edges >= _PROJECTION_MIN_EDGES_LOW_DEGREE
 
 
 def launch_config_for(num_heads: int, head_dim: int, extended_dim: int, device) -> AttentionLaunchConfig | None:
