@@ -29,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 import gtnorm
 from benchmarks.graphs.catalog import load_graph
 from gtnorm.triton import config as launch_config
-from gtnorm.triton import ops
+from gtnorm.triton import edge_projection_launch, ops
 from gtnorm.triton.launcher import Launcher
 
 KERNELS = {
@@ -92,14 +92,15 @@ def floor_bytes(n_src: int, n_dst: int, n_edges: int, row_bytes: int, index_byte
     return forward, backward
 
 
-LAUNCHERS = [value for value in vars(ops).values() if isinstance(value, Launcher)]
+LAUNCH_MODULES = (ops, edge_projection_launch)
+LAUNCHERS = [value for module in LAUNCH_MODULES for value in vars(module).values() if isinstance(value, Launcher)]
 
 
 def record_compiled_kernels() -> dict:
     """Wraps the kernels' launch so the compiled kernel objects (with n_regs, n_spills) can be read back."""
     compiled = {}
     for name in KERNELS:
-        kernel = getattr(ops, name)
+        kernel = next(vars(m)[name] for m in LAUNCH_MODULES if name in vars(m))
         launch = kernel.run
 
         def run(*args, _launch=launch, _name=name, **kwargs):
@@ -140,7 +141,13 @@ class AttentionProblem:
 
     @classmethod
     def on_graph(
-        cls, graph, heads: int, channels: int, dtype=torch.bfloat16, edge_dim: int = 0, linear_weight: bool = False,
+        cls,
+        graph,
+        heads: int,
+        channels: int,
+        dtype=torch.bfloat16,
+        edge_dim: int = 0,
+        linear_weight: bool = False,
         edge_attr: bool = True,
     ) -> AttentionProblem:
         """``linear_weight``: the edge weight held as torch.nn.Linear holds it ([H * C, D]) and passed transposed, as
@@ -209,7 +216,9 @@ def main() -> None:
         )  # fmt: skip
 
         for setting in args.settings:
-            default = launch_config.attention_launch_config(heads, channels, args.edge_features > 0)
+            default = launch_config.attention_launch_config(
+                heads, channels, args.edge_features + 1 if args.edge_features else 0
+            )
             launch = parse_setting(setting)(default, heads)
 
             def step(problem=problem, launch=launch):
