@@ -72,6 +72,9 @@ def _grads(out, inputs, grad_out):
 
 
 def run_gtnorm(inputs, layout, grad_out, qk_norm, eps=EPS, launch=None):
+    # The plan passed in keeps the projection fused whatever the dispatch rule would pick (test_dispatch_rule).
+    extended = inputs["edge_features"].shape[1] + (inputs["edge_bias"] is not None)
+    launch = launch or attention_launch_config(*inputs["query"].shape[1:], extended)
     out = gtnorm.graph_transformer_attention(
         inputs["query"], inputs["key"], inputs["value"], None, layout, qk_norm=qk_norm, eps=eps, launch=launch,
         **{name: inputs[name] for name in (*PROJECTION_NAMES, *PARAM_NAMES)},
@@ -139,6 +142,23 @@ def test_channel_tiles_match_reference(qk_norm):
     plan = attention_launch_config(heads, channels, edge_dim + 1)
     plan = dataclasses.replace(plan, projection=dataclasses.replace(plan.projection, channel_block=16))
     check_float32(make_graph("encoder_like"), heads, channels, edge_dim, qk_norm, launch=plan)
+
+
+def test_dispatch_rule_materialises_low_degree_graphs_with_a_norm():
+    """Without a plan the op follows config.edge_projection_pays: on a decoder-like graph (3 edges per destination)
+    with a norm it forms e itself, and the result is the same function (float32, against float64)."""
+    graph = make_graph("decoder_like")
+    layout = layout_of(graph)
+    assert not gtnorm.triton.config.edge_projection_pays(layout.num_edges, layout.num_dst, "rms")
+    inputs = make_inputs(graph, 2, 8, 3, qk_norm=True)
+    grad_out = torch.randn(graph.num_dst, 2, 8, dtype=torch.float64)
+    ref_out, ref_grads = run_reference(leaf_copies(inputs, torch.float64, "cpu"), graph, grad_out, True)
+    leaves = leaf_copies(inputs, torch.float32, DEVICE)
+    out = gtnorm.graph_transformer_attention(
+        leaves["query"], leaves["key"], leaves["value"], None, layout, qk_norm=True, eps=EPS,
+        **{name: leaves[name] for name in (*PROJECTION_NAMES, *PARAM_NAMES)},
+    )  # fmt: skip
+    assert_matches(out, _grads(out, leaves, grad_out.to(DEVICE)), ref_out, ref_grads, 1e-5)
 
 
 def test_edge_features_without_grad():
