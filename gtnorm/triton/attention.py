@@ -83,8 +83,8 @@ def graph_transformer_attention(
     _check_inputs(query, key, value, edge_attr, layout, kind, params)
     check_edge_projection(edge_attr, edge_features, edge_weight, edge_bias, query, layout.num_edges)
     eps_q, eps_k = resolve_norm_eps(eps, kind, query.dtype, key.dtype)
-    fused = launch is not None or fuses_edge_projection(query, edge_features, edge_bias, layout, kind)
-    if edge_features is not None and not fused:
+    # A plan passed in keeps the projection fused (sweeps and tests run the kernels whatever the rule picks).
+    if launch is None and not fuses_edge_projection(query, edge_features, edge_bias, layout, kind):
         edge_attr = materialised_edge_features(edge_features, edge_weight, edge_bias, query)
         edge_features = edge_weight = edge_bias = None
     operands = [t.contiguous() if t is not None else None for t in (query, key, value, edge_attr, edge_features)]
@@ -103,11 +103,11 @@ def graph_transformer_attention(
 
 
 def fuses_edge_projection(query: Tensor, edge_features, edge_bias, layout: GraphLayout, kind) -> bool:
-    """Whether the op projects the raw attributes inside the kernels (config.edge_projection_pays, and tiles that
-    fit the device) or materialises the edge features first; the second with a warning, once per shape, where the
-    tiles alone decide."""
+    """True without edge_features (nothing to project). Otherwise whether the op projects the raw attributes inside
+    the kernels (config.edge_projection_pays, and tiles that fit the device) or materialises the edge features first;
+    the second with a warning, once per shape, where the tiles alone decide."""
     if edge_features is None:
-        return False
+        return True
     heads, channels = query.shape[1:]
     extended_dim = edge_features.shape[1] + int(edge_bias is not None)
     if not edge_projection_pays(layout.num_edges, layout.num_dst, kind):

@@ -19,7 +19,7 @@ launch_edge_weight_grad = Launcher(edge_weight_grad_kernel)
 launch_edge_features_grad = Launcher(edge_features_grad_kernel)
 
 
-def _or(fallback: Tensor, *tensors: Tensor | None) -> list[Tensor]:
+def or_fallback(fallback: Tensor, *tensors: Tensor | None) -> list[Tensor]:
     """The kernels take a pointer for every optional tensor: absent ones (never read) become ``fallback``."""
     return [t if t is not None else fallback for t in tensors]
 
@@ -70,7 +70,7 @@ class EdgeProjection:
         if num_nodes == 0:
             return
         launch_project_rows[(cdiv(num_nodes, self.plan.project_block),)](
-            rows, *_or(rows, norm_weight, norm_bias), *self._weight_args(rows), out,
+            rows, *or_fallback(rows, norm_weight, norm_bias), *self._weight_args(rows), out,
             num_nodes, num_heads, head_dim, eps,
             NORM=norm, HAS_NORM_WEIGHT=norm_weight is not None, HAS_NORM_BIAS=norm_bias is not None,
             BLOCK_N=self.plan.project_block, BLOCK_D=self.block_d, **self._channel_tile(head_dim),
@@ -93,8 +93,8 @@ class EdgeProjection:
         if num_nodes == 0:
             return
         launch_add_expanded_rows[(self.programs(num_nodes),)](
-            sums, sums.stride(0), *self._weight_args(sums), target, *_or(target, query, q_weight),
-            *_or(sums, partial), partial.shape[1] if partial is not None else 0, first_partial_row,
+            sums, sums.stride(0), *self._weight_args(sums), target, *or_fallback(target, query, q_weight),
+            *or_fallback(sums, partial), partial.shape[1] if partial is not None else 0, first_partial_row,
             num_nodes, num_heads, head_dim, eps_q,
             NORM=norm, HAS_Q_WEIGHT=q_weight is not None, HAS_Q_BIAS=q_bias is not None,
             BLOCK_N=self.plan.expand_block, BLOCK_D=self.block_d, **self._channel_tile(head_dim),
@@ -123,7 +123,7 @@ class EdgeProjection:
         programs = cdiv(max(num_dst, 1), nodes_per_program)
         partial = new_output((programs, extended_dim, num_heads * head_dim), torch.float32, query.device)
         launch_edge_weight_grad[(programs, num_heads, chunks)](
-            feature_sums, query, grad_out, *_or(query, q_norm_weight, q_norm_bias), partial,
+            feature_sums, query, grad_out, *or_fallback(query, q_norm_weight, q_norm_bias), partial,
             num_dst, nodes_per_program, num_heads, head_dim, eps_q,
             D1=extended_dim, NORM=norm, HAS_Q_WEIGHT=q_norm_weight is not None, HAS_Q_BIAS=q_norm_bias is not None,
             BLOCK_N=block_n, BLOCK_D=self.block_d, **tile,

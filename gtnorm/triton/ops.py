@@ -30,6 +30,7 @@ from gtnorm.triton.config import (
     next_power_of_2,
 )
 from gtnorm.triton.edge_projection_launch import EdgeProjection
+from gtnorm.triton.edge_projection_launch import or_fallback as _or
 from gtnorm.triton.forward_kernel import graph_attention_forward_kernel
 from gtnorm.triton.launcher import Launcher
 from gtnorm.triton.partial_sum_kernel import column_sum_kernel
@@ -318,11 +319,6 @@ def _edge_projection_flags(edge_features: Tensor | None, edge_bias: Tensor | Non
 def _extended_dim(edge_features: Tensor, edge_bias: Tensor | None) -> int:
     """D + 1 with a bias (its extra row of W, edge_projection.py), else D."""
     return edge_features.shape[1] + int(edge_bias is not None)  # int: a SymInt plus a bool fails under tracing
-
-
-def _or(fallback: Tensor, *tensors: Tensor | None) -> list[Tensor]:
-    """The kernels take a pointer for every optional tensor: absent ones (never read) become ``fallback``."""
-    return [t if t is not None else fallback for t in tensors]
 
 
 def _norm_flags(qk_norm: str, q_weight, q_bias, k_weight) -> dict:
