@@ -30,9 +30,7 @@ def kernels_interpreted() -> bool | None:
     """How gtnorm's Triton kernels were defined: True for the interpreter, False compiled, None not yet (their
     modules are not imported, so the next import follows ``TRITON_INTERPRET`` as it is then)."""
     global _kernels_interpreted
-    # Not while torch.compile traces: dynamo cannot check a kernel's type, and the first call of a model may be a
-    # compiled one (None here just means no mismatch can be seen yet).
-    if _kernels_interpreted is None and not torch.compiler.is_compiling():
+    if _kernels_interpreted is None:
         helpers = sys.modules.get(_KERNEL_HELPERS_MODULE)
         if helpers is not None:
             from triton.runtime.jit import JITFunction, KernelInterface
@@ -51,7 +49,8 @@ def _mode_changed_after_definition() -> bool:
 def triton_can_run_on(device: torch.device) -> bool:
     """Compiled Triton needs a CUDA device; the interpreter runs on CPU tensors only. False on every device when
     ``TRITON_INTERPRET`` was changed after gtnorm's kernels were defined (they keep the mode they were made in)."""
-    if _mode_changed_after_definition():
+    # Not checked while torch.compile traces: what it reads changes at the first eager call, a recompile each time.
+    if not torch.compiler.is_compiling() and _mode_changed_after_definition():
         return False
     if interpreter_active():
         return device.type == "cpu"
@@ -100,6 +99,8 @@ def warn_auto_uses_interpreter(device: torch.device) -> None:
     means the Triton interpreter (CPU tensors under ``TRITON_INTERPRET=1``), warns once per process that this path
     is about 40x slower than the PyG path that ``auto`` would take without ``TRITON_INTERPRET``."""
     global _warned_interpreter_auto
+    if torch.compiler.is_compiling():  # a warning would break the traced graph; the eager calls say it
+        return
     if _warned_interpreter_auto or device.type != "cpu" or not interpreter_active():
         return
     _warned_interpreter_auto = True
@@ -144,6 +145,7 @@ def sm_count(device: torch.device) -> int:
     return _cuda_sm_count(device) if device.type == "cuda" else 1
 
 
+@torch.compiler.assume_constant_result
 @functools.cache
 def _cuda_sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -160,6 +162,9 @@ def shared_memory_per_block(device: torch.device) -> int:
     return _cuda_shared_memory(device) if device.type == "cuda" else DEFAULT_SHARED_MEMORY
 
 
+# The device queries are constants to torch.compile: traced, torch.cuda.get_device_properties breaks the graph (the
+# edge projection's dispatch asks for the plan while the layer is traced).
+@torch.compiler.assume_constant_result
 @functools.cache
 def _cuda_shared_memory(device: torch.device) -> int:
     properties = torch.cuda.get_device_properties(device)

@@ -39,6 +39,7 @@ from benchmarks.graphs.measure import (
     relative_error,
     retime_call,
 )
+from gtnorm.triton.layout_cache import register_batch_copies
 
 # Row name -> (module kind, benchmark graph).
 MODULES = {
@@ -60,10 +61,9 @@ NORMS = {
     },
 }
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-# "gtnorm": the drop-in as shipped, lin_edge inside the kernels where the block allows it (the edge features
-# [M, H, C] never formed); "gtnorm_materialised_e": the same with gtnorm/anemoi/block.py FUSE_EDGE_PROJECTION off,
-# lin_edge applied as a module, to show what the fusion does inside the blocks.
-SIDES = ("anemoi", "gtnorm", "gtnorm_materialised_e")
+# Each module eager and under torch.compile(module) (default mode; inductor, aot_eager on the CPU), the compiled one
+# wrapping the eager one (the same parameters).
+SIDES = ("anemoi", "anemoi_compiled", "gtnorm", "gtnorm_compiled")
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,7 @@ class ModelSpec:
 
 
 def build_modules(spec: ModelSpec, kind: str, norm: str, device: torch.device) -> dict[str, torch.nn.Module]:
-    """Anemoi's module on its Triton backend and gtnorm's drop-in (as shipped, and with lin_edge materialised:
-    FUSE_EDGE_PROJECTION off), with one state_dict."""
+    """Anemoi's module on its Triton backend and gtnorm's drop-in with its state_dict, each also compiled."""
     anemoi_classes = {
         "processor": GraphTransformerProcessor,
         "encoder": GraphTransformerForwardMapper,
@@ -115,17 +114,16 @@ def build_modules(spec: ModelSpec, kind: str, norm: str, device: torch.device) -
         "decoder": gtnorm.anemoi.GraphTransformerBackwardMapper,
     }
     torch.manual_seed(0)
-    anemoi_module = anemoi_classes[kind](**spec.arguments(kind, norm, "triton"))
-    modules = {"anemoi": anemoi_module}
-    for side in SIDES[1:]:
-        shipped = gtnorm.anemoi.block.FUSE_EDGE_PROJECTION
-        gtnorm.anemoi.block.FUSE_EDGE_PROJECTION = side != "gtnorm_materialised_e"  # read when the blocks are built
-        try:
-            modules[side] = gtnorm_classes[kind](**spec.arguments(kind, norm, "triton"))
-        finally:
-            gtnorm.anemoi.block.FUSE_EDGE_PROJECTION = shipped
-        modules[side].load_state_dict(anemoi_module.state_dict())
-    return {side: module.to(device) for side, module in modules.items()}
+    anemoi_module = anemoi_classes[kind](**spec.arguments(kind, norm, "triton")).to(device)
+    gtnorm_module = gtnorm_classes[kind](**spec.arguments(kind, norm, "triton")).to(device)
+    gtnorm_module.load_state_dict(anemoi_module.state_dict())
+    backend = "inductor" if device.type == "cuda" else "aot_eager"  # inductor on the CPU needs a C++ toolchain
+    return {
+        "anemoi": anemoi_module,
+        "anemoi_compiled": torch.compile(anemoi_module, backend=backend),
+        "gtnorm": gtnorm_module,
+        "gtnorm_compiled": torch.compile(gtnorm_module, backend=backend),
+    }
 
 
 @dataclass
@@ -140,12 +138,23 @@ class Problem:
     def leaves(self) -> list[torch.Tensor]:
         return [*self.x, self.edge_attr]
 
-    def forward(self, module: torch.nn.Module) -> torch.Tensor:
+    def new_edge_index(self, registered: bool) -> torch.Tensor:  # [2, M]
+        """The graph in a new tensor, as Anemoi's graph providers hand one over every step (a ``torch.cat`` of the
+        batch's copies); ``registered``: registered as copies of the base graph, as gtnorm's graph provider does
+        (gtnorm.anemoi.use_gtnorm_attention)."""
+        edge_index = torch.cat([self.edge_index], dim=1)
+        if registered:
+            num_nodes = (self.x[0].shape[0], self.x[-1].shape[0])
+            register_batch_copies(edge_index, self.edge_index, num_nodes, 1)
+        return edge_index
+
+    def forward(self, module: torch.nn.Module, edge_index: torch.Tensor | None = None) -> torch.Tensor:
+        edge_index = self.edge_index if edge_index is None else edge_index
         if self.kind == "processor":
-            return module(self.x[0], 1, GraphShardInfo(), edge_attr=self.edge_attr, edge_index=self.edge_index)
+            return module(self.x[0], 1, GraphShardInfo(), edge_attr=self.edge_attr, edge_index=edge_index)
         out = module(
             self.x, batch_size=1, shard_info=BipartiteGraphShardInfo(), edge_attr=self.edge_attr,
-            edge_index=self.edge_index,
+            edge_index=edge_index,
         )  # fmt: skip
         return out[1] if self.kind == "encoder" else out
 
@@ -164,25 +173,31 @@ def make_problem(spec: ModelSpec, kind: str, graph, device: torch.device) -> Pro
 
 def inference_call(module: torch.nn.Module, problem: Problem, dtype: torch.dtype, device: torch.device):
     """The module's inference on the problem (``torch.inference_mode``, autocast to dtype), returning its output."""
+    registered = is_gtnorm(module)
 
     def infer():
         module.eval()
         with torch.inference_mode(), torch.autocast(device.type, dtype=dtype):
-            return problem.forward(module)
+            return problem.forward(module, problem.new_edge_index(registered))
 
     return infer
 
 
 def training_call(module: torch.nn.Module, problem: Problem, dtype: torch.dtype, device: torch.device, grad_out):
     """A training step of the module on the problem: forward under autocast to dtype, backward from grad_out."""
+    registered = is_gtnorm(module)
 
     def train_step():
         module.train()
         with torch.autocast(device.type, dtype=dtype):
-            out = problem.forward(module)
+            out = problem.forward(module, problem.new_edge_index(registered))
         out.backward(grad_out)
 
     return train_step
+
+
+def is_gtnorm(module: torch.nn.Module) -> bool:
+    return type(getattr(module, "_orig_mod", module)).__module__.startswith("gtnorm.")
 
 
 def measure_row(
@@ -199,7 +214,9 @@ def measure_row(
         module = modules[side]
         leaves = [*problem.leaves(), *module.parameters()]
         infer = inference_call(module, problem, dtype, device)
-        out, status = guarded(infer)
+        first_call = time.perf_counter()
+        out, status = guarded(infer)  # torch.compile compiles here (and at the first training step below)
+        first_infer_s = _synchronized_since(first_call, device)
         if out is None:
             row[side] = {"train": asdict(Measurement(status)), "infer": asdict(Measurement(status))}
             continue
@@ -207,9 +224,12 @@ def measure_row(
         grad_out = torch.randn_like(out, dtype=out.dtype)  # outside inference_mode: a normal tensor
         del out
         train_step = training_call(module, problem, dtype, device, grad_out)
+        first_call = time.perf_counter()
+        guarded(train_step)
+        first_train_s = _synchronized_since(first_call, device)
         row[side] = {
-            "train": asdict(measure_call(train_step, device, settings, leaves)),
-            "infer": asdict(measure_call(infer, device, settings, [])),
+            "train": asdict(measure_call(train_step, device, settings, leaves)) | {"first_call_s": first_train_s},
+            "infer": asdict(measure_call(infer, device, settings, [])) | {"first_call_s": first_infer_s},
         }
         calls[side] = {"train": (train_step, leaves), "infer": (infer, [])}
         del grad_out
@@ -232,6 +252,12 @@ def measure_row(
     if {"anemoi", "gtnorm"} <= outputs.keys():
         row["output_rel_error"] = relative_error(outputs["gtnorm"], outputs["anemoi"])
     return row
+
+
+def _synchronized_since(start: float, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
 
 
 def parse_args(argv):

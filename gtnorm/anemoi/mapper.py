@@ -12,6 +12,9 @@ its layout by identity too (a caller's in-place write into it is seen by its ver
 again). When every source of a chunk has edges, its source features are the mapper's own tensor, not a gathered
 copy.
 
+Under torch.compile the preparation is one call the tracer skips (a graph break where Anemoi's own preparation
+breaks too, at its ``.item()``); the chunk loop after it slices tensors only and is traced, blocks included.
+
 Under a model group of several GPUs, and with ANEMOI_DEBUG_SHARDING set, the mappers prepare their graphs as
 Anemoi's do.
 """
@@ -64,24 +67,26 @@ def _make_chunk(partition: GraphPartition, partition_id: int, edge_index: Tensor
     return _Chunk(chunk, chunk._version, None if src_ids.numel() == num_src else src_ids)
 
 
+@dataclass(frozen=True)
 class _CachedChunkPartition(GraphPartition):
     """Anemoi's GraphPartition whose chunks' graphs are made once per graph (module docstring)."""
+
+    # Made with the partition, once per graph, on one GPU (_prepared_partition). None: each made when first asked
+    # for (a partition from Anemoi's own preparation, on several GPUs).
+    chunks: tuple[_Chunk, ...] | None = None
 
     @classmethod
     def of(cls, partition: GraphPartition) -> _CachedChunkPartition:
         num_nodes, num_edges, num_parts, dst_splits, edge_splits = _fields(partition)
         return cls(num_nodes, num_edges, num_parts, list(dst_splits), list(edge_splits))
 
+    def unwritten(self) -> bool:
+        return all(chunk.unwritten() for chunk in self.chunks)
+
     def materialise(self, partition_id, x, edge_attr, edge_index, cond=None):
+        # Tensor slicing alone where the chunks were made with the partition: torch.compile traces it.
         x_src, x_dst = x
-        num_src = x_src.shape[0]
-        derivation = ("gtnorm.anemoi.mapper._make_chunk", _fields(self), partition_id, num_src)
-
-        def make() -> _Chunk:
-            return _make_chunk(self, partition_id, edge_index, num_src)
-
-        num_nodes = (num_src, self.num_nodes[1])
-        chunk = cached_graph_value(edge_index, num_nodes, derivation, make, _Chunk.unwritten)
+        chunk = self.chunks[partition_id] if self.chunks is not None else self._chunk(partition_id, edge_index, x_src)
         dst_range = self._get_dst_range(partition_id)
         x_src_chunk = x_src if chunk.src_ids is None else x_src[chunk.src_ids]
         cond_chunk = None
@@ -91,17 +96,35 @@ class _CachedChunkPartition(GraphPartition):
         edge_attr_chunk = edge_attr[self._get_edge_range(partition_id)]
         return (x_src_chunk, x_dst[dst_range]), edge_attr_chunk, chunk.edge_index, cond_chunk
 
+    def _chunk(self, partition_id: int, edge_index: Tensor, x_src: Tensor) -> _Chunk:
+        num_src = x_src.shape[0]
+        derivation = ("gtnorm.anemoi.mapper._make_chunk", _fields(self), partition_id, num_src)
 
-def _chunk_partition(edge_index: Tensor, num_parts: int, num_nodes: tuple[int, int]) -> _CachedChunkPartition:
-    """Anemoi's build_graph_partition, made once per graph (its edge counts are read to the host). One part needs
-    no reading: it holds every edge."""
-    if num_parts == 1:
-        return _CachedChunkPartition(num_nodes, edge_index.shape[1], 1, [num_nodes[1]], [edge_index.shape[1]])
-    partition = cached_graph_value(
-        edge_index, num_nodes, ("anemoi.khop_edges.build_graph_partition", num_parts),
-        lambda: build_graph_partition(edge_index, num_parts=num_parts, num_nodes=num_nodes),
-    )  # fmt: skip
-    return _CachedChunkPartition.of(partition)
+        def make() -> _Chunk:
+            return _make_chunk(self, partition_id, edge_index, num_src)
+
+        num_nodes = (num_src, self.num_nodes[1])
+        return cached_graph_value(edge_index, num_nodes, derivation, make, _Chunk.unwritten)
+
+
+@torch.compiler.disable
+def _prepared_partition(edge_index: Tensor, num_parts: int, num_nodes: tuple[int, int]) -> _CachedChunkPartition:
+    """Anemoi's build_graph_partition (its edge counts read to the host; one part needs no reading) and every chunk's
+    graph, made once per graph and found again as a layout is. Opaque to torch.compile (a graph break, where
+    Anemoi's own preparation breaks at its ``.item()``): what it returns is the same object while the graph is, so
+    a compiled mapper's chunk loop slices tensors only."""
+
+    def make() -> _CachedChunkPartition:
+        if num_parts == 1:
+            partition = GraphPartition(num_nodes, edge_index.shape[1], 1, [num_nodes[1]], [edge_index.shape[1]])
+        else:
+            partition = build_graph_partition(edge_index, num_parts=num_parts, num_nodes=num_nodes)
+        chunks = tuple(_make_chunk(partition, part, edge_index, num_nodes[0]) for part in range(num_parts))
+        num_nodes_, num_edges, _, dst_splits, edge_splits = _fields(partition)
+        return _CachedChunkPartition(num_nodes_, num_edges, num_parts, list(dst_splits), list(edge_splits), chunks)
+
+    derivation = ("gtnorm.anemoi.mapper._prepared_partition", num_parts)
+    return cached_graph_value(edge_index, num_nodes, derivation, make, _CachedChunkPartition.unwritten)
 
 
 class _CachedChunks:
@@ -123,7 +146,7 @@ class _CachedChunks:
             model_comm_group=model_comm_group, edges_are_dst_sorted=edges_are_dst_sorted,
         )  # fmt: skip
         num_chunks = max(self.num_chunks, anemoi_mapper.NUM_CHUNKS_INFERENCE_MAPPER)
-        partition = _chunk_partition(edge_index, num_chunks, (x_src.shape[0], x_dst.shape[0]))
+        partition = _prepared_partition(edge_index, num_chunks, (x_src.shape[0], x_dst.shape[0]))
         return x_src, x_dst, edge_attr, edge_index, shard_info, cond, partition
 
     def run_processor_chunk(self, chunk_partition: GraphPartition, *args, **kwargs):

@@ -9,8 +9,9 @@ import torch
 from torch import Tensor
 
 from gtnorm._runtime import check_dtype, check_triton_device, resolve_eps
-from gtnorm.triton.config import AttentionLaunchConfig, edge_projection_pays, launch_config_for
+from gtnorm.triton.config import AttentionLaunchConfig, edge_projection_fits, edge_projection_pays
 from gtnorm.triton.layout import GraphLayout
+from gtnorm.triton.layout_cache import LayoutOfEdgeIndex
 from gtnorm.triton.ops import graph_attention
 
 NORM_KINDS = ("rms", "layer")
@@ -26,7 +27,7 @@ def graph_transformer_attention(
     key: Tensor,  # [N_src, H, C]
     value: Tensor,  # [N_src, H, C]
     edge_attr: Tensor | None,  # [M, H, C] in the order of the edge_index the layout was built from
-    layout: GraphLayout,
+    layout: GraphLayout | LayoutOfEdgeIndex,
     *,
     qk_norm: bool | str = False,
     q_norm_weight: Tensor | None = None,  # [C]
@@ -68,9 +69,10 @@ def graph_transformer_attention(
     bytes) and ``linear.bias``. Differentiable in all three; the gradient of edge_features is computed only when it
     requires grad. Weight and bias gradients are sums over all edges in a fixed order (bitwise reproducible).
 
-    ``launch`` is the kernels' launch plan; None takes ``gtnorm.triton.config.attention_launch_config(H, C,
-    edge_features is not None)``.
-    Sweeps and tests pass their own; under torch.compile only the default can run.
+    ``layout`` is the graph's :class:`GraphLayout`, or what :func:`gtnorm.triton.layout_cache.cached_layout` returns
+    under torch.compile (the op then finds the layout when it runs). ``launch`` is the kernels' launch plan; None
+    takes ``gtnorm.triton.config.launch_config_for``'s. Sweeps and tests pass their own; under torch.compile only
+    the default can run.
 
     Shapes:
         query: [N_dst, H, C]; key, value: [N_src, H, C]; edge_attr: [M, H, C] or None (M = layout.num_edges,
@@ -97,12 +99,14 @@ def graph_transformer_attention(
     projection = [edge_weight, edge_bias.contiguous() if edge_bias is not None else None]
     norm_params = [p.contiguous() if p is not None else None for p in params.values()]
     out, *_ = graph_attention(
-        *operands, *projection, *norm_params, *layout.tensors(), kind or "none", eps_q, eps_k, launch=launch
+        *operands, *projection, *norm_params, list(layout.tensors()), kind or "none", eps_q, eps_k, launch=launch
     )
     return out
 
 
-def fuses_edge_projection(query: Tensor, edge_features, edge_bias, layout: GraphLayout, kind) -> bool:
+def fuses_edge_projection(
+    query: Tensor, edge_features, edge_bias, layout: GraphLayout | LayoutOfEdgeIndex, kind
+) -> bool:
     """True without edge_features (nothing to project). Otherwise whether the op projects the raw attributes inside
     the kernels (config.edge_projection_pays, and tiles that fit the device) or materialises the edge features first;
     the second with a warning, once per shape, where the tiles alone decide."""
@@ -112,7 +116,7 @@ def fuses_edge_projection(query: Tensor, edge_features, edge_bias, layout: Graph
     extended_dim = edge_features.shape[1] + int(edge_bias is not None)
     if not edge_projection_pays(layout.num_edges, layout.num_dst, kind):
         return False
-    if launch_config_for(heads, channels, extended_dim, query.device) is not None:
+    if edge_projection_fits(heads, channels, extended_dim, query.device):
         return True
     if (heads, channels, extended_dim) not in _WARNED_NO_FIT:
         _WARNED_NO_FIT.add((heads, channels, extended_dim))
@@ -247,7 +251,7 @@ def _check_inputs(query, key, value, edge_attr, layout, kind, params: dict) -> N
     for name, t in (("query", query), ("key", key), ("value", value), ("edge_attr", edge_attr)):
         if t is not None:
             check_dtype(name, t)
-    if not isinstance(layout, GraphLayout):
+    if not isinstance(layout, GraphLayout | LayoutOfEdgeIndex):
         raise TypeError(f"layout must be a gtnorm.GraphLayout, got {type(layout).__name__}")
     if query.shape[0] != layout.num_dst:
         raise ValueError(f"query has {query.shape[0]} nodes, the layout has {layout.num_dst} destination nodes")

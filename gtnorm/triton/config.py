@@ -16,6 +16,8 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
+import torch
+
 from gtnorm._runtime import DEFAULT_SHARED_MEMORY, shared_memory_per_block, sm_count
 
 # Row slice (heads x padded channels) of one program: the forward and the by-source pass keep up to 1024
@@ -235,6 +237,13 @@ def edge_projection_pays(num_edges: int, num_dst: int, norm: str | None) -> bool
 def launch_config_for(num_heads: int, head_dim: int, extended_dim: int, device) -> AttentionLaunchConfig | None:
     """attention_launch_config for a device: its own shared-memory limit (the default one off CUDA)."""
     return attention_launch_config(num_heads, head_dim, extended_dim, shared_memory_per_block(device))
+
+
+@torch.compiler.assume_constant_result
+def edge_projection_fits(num_heads: int, head_dim: int, extended_dim: int, device) -> bool:
+    """Whether the fused edge projection's tiles fit the device (a plan exists): a constant to torch.compile, which
+    traces the dispatch but cannot build the plan's dataclasses."""
+    return launch_config_for(num_heads, head_dim, extended_dim, device) is not None
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from gtnorm.triton.layout import EdgeWalk, GraphLayout, _resolve_num_nodes, check_edge_index_format
+from gtnorm.triton.layout import GraphLayout, _resolve_num_nodes, check_edge_index_format
 
 _MISSING = object()  # a graph value not computed yet (None is a value)
 
@@ -332,7 +332,7 @@ _SHARED_CACHE = LayoutCache()
 def cached_layout(
     edge_index: Tensor,  # [2, M] int64/int32: row 0 = source, row 1 = destination
     num_nodes: tuple[int, int],  # (N_src, N_dst)
-) -> GraphLayout:
+) -> GraphLayout | LayoutOfEdgeIndex:
     """The layout of a graph from the cache that every :class:`gtnorm.GraphTransformerConv` shares, built on
     first sight of the graph (including its visiting-order search) and found again by identity (no host sync),
     by registered provenance (no host sync) or by content (one host sync per new tensor). Call it once with a
@@ -340,42 +340,48 @@ def cached_layout(
     inference tensors holding it reuse that layout; register per-step tensors made from it
     (:func:`register_batch_copies`) to have them found without a sync.
 
+    Under torch.compile it returns a :class:`LayoutOfEdgeIndex`: the attention op looks the layout up when it runs.
+
     Shapes: edge_index [2, M].
     """
     check_edge_index_format(edge_index)
     num_src, num_dst = _resolve_num_nodes(num_nodes, 0)
     if torch.compiler.is_compiling():
-        # The lookup (data_ptr, weakrefs, a sync on a new graph) is opaque to the tracer: an op of its own
-        # whose outputs are the layout's tensors, so that a compiled layer has no graph break.
-        walks = torch.ops.gtnorm.cached_layout(edge_index, num_src, num_dst)
-        return GraphLayout(num_src, num_dst, edge_index.shape[1], EdgeWalk(*walks[:6]), EdgeWalk(*walks[6:]))
+        return LayoutOfEdgeIndex(edge_index, num_src, num_dst)
     return _SHARED_CACHE.get(edge_index, num_src, num_dst)
 
 
-# A CUDA graph replays the op's copy kernels, not its Python lookup: captured (torch.compile's
-# mode="reduce-overhead"), it would hand a new graph of the same shape the layout of the one recorded. Tagged
-# unsafe, the capture is split around it (torch >= 2.9 knows the tag).
-_NOT_IN_CUDA_GRAPHS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+@dataclass(frozen=True, eq=False)
+class LayoutOfEdgeIndex:
+    """A graph whose layout the attention op finds in the shared cache when it runs, from the edge_index it is
+    handed (gtnorm/triton/ops.py, layout_tensors): what a layer passes under torch.compile. The lookup (data_ptr,
+    weak references, a content compare for a new tensor) is opaque to the tracer, and a layout's shapes depend on
+    the graph's content (its nodes without edges): as op outputs they would end the traced graph. Inside the op
+    they cost the graph nothing, and a new graph of the same shape runs the same compiled graph.
+
+    Shapes: edge_index [2, M].
+    """
+
+    edge_index: Tensor  # [2, M]
+    num_src: int
+    num_dst: int
+
+    @property
+    def num_edges(self) -> int:
+        return self.edge_index.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.edge_index.device
+
+    def tensors(self) -> tuple[Tensor]:
+        """What the attention ops take in place of the layout's index tensors."""
+        return (self.edge_index,)
 
 
-@torch.library.custom_op("gtnorm::cached_layout", mutates_args=(), tags=_NOT_IN_CUDA_GRAPHS)
-def _cached_layout_op(edge_index: Tensor, num_src: int, num_dst: int) -> list[Tensor]:
-    """Both walks' tensors (EdgeWalk field order, by destination then by source), fresh tensors (an op's outputs
-    may not be shared with earlier calls): a few index arrays, copied on the device, no sync on a hit."""
-    layout = _SHARED_CACHE.get(edge_index, num_src, num_dst)
-    return [t.clone() for t in layout.by_dst.tensors() + layout.by_src.tensors()]
-
-
-@_cached_layout_op.register_fake
-def _(edge_index, num_src, num_dst):
-    num_edges = edge_index.shape[1]
-    ctx = torch.library.get_ctx()
-
-    def walk(num_nodes):
-        int32 = [edge_index.new_empty(n, dtype=torch.int32) for n in (num_nodes + 1, num_nodes, *[num_edges] * 3)]
-        return [*int32, edge_index.new_empty(ctx.new_dynamic_size(), dtype=torch.int64)]
-
-    return walk(num_dst) + walk(num_src)
+def layout_of_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> GraphLayout:  # edge_index [2, M]
+    """The shared cache's layout of the graph in edge_index (:func:`cached_layout` outside torch.compile)."""
+    return _SHARED_CACHE.get(edge_index, num_src, num_dst)
 
 
 def register_batch_copies(

@@ -33,6 +33,7 @@ from gtnorm.triton.edge_projection_launch import EdgeProjection
 from gtnorm.triton.edge_projection_launch import or_fallback as _or
 from gtnorm.triton.forward_kernel import graph_attention_forward_kernel
 from gtnorm.triton.launcher import Launcher
+from gtnorm.triton.layout_cache import layout_of_edge_index
 from gtnorm.triton.partial_sum_kernel import column_sum_kernel
 
 LOG2E = 1.4426950408889634
@@ -58,17 +59,7 @@ def attention_forward(
     q_norm_bias: Tensor | None,  # [C]
     k_norm_weight: Tensor | None,  # [C]
     k_norm_bias: Tensor | None,  # [C]
-    dst_offsets: Tensor,  # [N_dst + 1] int32, by slot
-    dst_by_slot: Tensor,  # [N_dst] int32
-    csc_dst: Tensor,  # [M] int32 (for the backward)
-    csc_src: Tensor,  # [M] int32
-    csc_edge_id: Tensor,  # [M] int32
-    dst_without_edges: Tensor,  # [K_dst] int64
-    src_offsets: Tensor,  # [N_src + 1] int32, by slot (for the backward)
-    csr_src: Tensor,  # [M] int32 (for the backward)
-    csr_dst: Tensor,  # [M] int32 (for the backward)
-    csr_edge_id: Tensor,  # [M] int32 (for the backward)
-    src_without_edges: Tensor,  # [K_src] int64 (for the backward)
+    graph: list[Tensor],  # GraphLayout.tensors(), or [edge_index [2, M]]: its layout from the shared cache
     qk_norm: str,  # "none", "rms" or "layer"
     eps_q: float,
     eps_k: float,
@@ -86,6 +77,9 @@ def attention_forward(
     query_proj = new_output(proj_shape, torch.float32, device) if edge_proj else None
     if num_dst == 0:
         return out, lse, query_proj
+    dst_offsets, dst_by_slot, _, csc_src, csc_edge_id, dst_without_edges, *_ = layout_tensors(
+        graph, key.shape[0], num_dst
+    )
     launch = launch or _default_plan(num_heads, head_dim, edge_features, edge_bias, device)
     fwd = launch.forward
     busy_slots = num_dst - dst_without_edges.numel()  # slots with edges come first
@@ -142,8 +136,16 @@ def _attention_forward_op(*args, **kwargs) -> tuple[Tensor, Tensor, Tensor]:
     return out, lse, query_proj if query_proj is not None else lse.new_empty(0)
 
 
+# A CUDA graph replays the ops' kernels, not their Python: captured (torch.compile's mode="reduce-overhead"), an op
+# handed an edge_index would run every later graph of that shape on the layout found at capture. Tagged unsafe, the
+# capture is split around the ops (torch >= 2.9 knows the tag).
+_NOT_IN_CUDA_GRAPHS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
 graph_attention_forward = torch.library.custom_op(
-    "gtnorm::graph_attention_forward", mutates_args=(), schema=_op_schema(attention_forward, outputs=3)
+    "gtnorm::graph_attention_forward",
+    mutates_args=(),
+    schema=_op_schema(attention_forward, outputs=3),
+    tags=_NOT_IN_CUDA_GRAPHS,
 )(_attention_forward_op)
 
 
@@ -172,17 +174,7 @@ def attention_backward(
     k_norm_bias: Tensor | None,  # [C]
     lse: Tensor,  # [N_dst, H] fp32
     query_proj: Tensor | None,  # [N_dst, H, D + bias] fp32 from the forward (None or empty without edge_features)
-    dst_offsets: Tensor,  # [N_dst + 1] int32, by slot
-    dst_by_slot: Tensor,  # [N_dst] int32 (for the forward)
-    csc_dst: Tensor,  # [M] int32
-    csc_src: Tensor,  # [M] int32
-    csc_edge_id: Tensor,  # [M] int32
-    dst_without_edges: Tensor,  # [K_dst] int64
-    src_offsets: Tensor,  # [N_src + 1] int32, by slot
-    csr_src: Tensor,  # [M] int32
-    csr_dst: Tensor,  # [M] int32
-    csr_edge_id: Tensor,  # [M] int32
-    src_without_edges: Tensor,  # [K_src] int64
+    graph: list[Tensor],  # GraphLayout.tensors(), or [edge_index [2, M]]: its layout from the shared cache
     qk_norm: str,  # "none", "rms" or "layer"
     eps_q: float,
     eps_k: float,
@@ -195,7 +187,6 @@ def attention_backward(
     (an op's outputs are tensors); the eager path makes none: every allocation costs host time per call."""
     num_dst, num_heads, head_dim = query.shape
     num_src = key.shape[0]
-    num_edges = csc_src.numel()
     device = query.device
     grad_out = grad_out.contiguous()
     grad_query = new_output(query.shape, query.dtype, device)
@@ -205,6 +196,11 @@ def attention_backward(
     grad_edge_attr = new_output(edge_attr.shape, edge_attr.dtype, device) if has_edge_attr else None
     edge_proj = edge_features is not None
     edge_features_grad = edge_proj and edge_features_grad
+    (
+        dst_offsets, _, csc_dst, csc_src, csc_edge_id, dst_without_edges,
+        src_offsets, csr_src, csr_dst, csr_edge_id, src_without_edges,
+    ) = layout_tensors(graph, num_src, num_dst)  # fmt: skip
+    num_edges = csc_src.numel()
     launch = launch or _default_plan(num_heads, head_dim, edge_features, edge_bias, device)
     by_dst, by_src = launch.by_destination, launch.by_source
     dst_slots = num_dst - dst_without_edges.numel()  # slots with edges come first
@@ -293,6 +289,21 @@ def attention_backward(
         grad_query, grad_key, grad_value, grad_edge_attr, grad_edge_features, grad_edge_weight, grad_edge_bias,
         grad_q_weight, grad_q_bias, grad_k_weight, grad_k_bias,
     )  # fmt: skip
+
+
+_LAYOUT_ARGS = 11  # GraphLayout.tensors()
+
+
+def layout_tensors(graph: list[Tensor], num_src: int, num_dst: int) -> tuple[Tensor, ...]:
+    """The layout's index tensors (GraphLayout.tensors()): ``graph`` itself, or the shared cache's layout of the
+    edge_index it holds. The second is what torch.compile's graphs pass (layout_cache.LayoutOfEdgeIndex): the
+    lookup runs when the op runs, so a compiled graph holds no layout of its own and a new graph of the same shape
+    needs no recompile."""
+    if len(graph) == 1:
+        return layout_of_edge_index(graph[0], num_src, num_dst).tensors()
+    if len(graph) != _LAYOUT_ARGS:
+        raise ValueError(f"graph must hold the layout's {_LAYOUT_ARGS} index tensors or [edge_index], got {len(graph)}")
+    return tuple(graph)
 
 
 def _default_plan(num_heads: int, head_dim: int, edge_features, edge_bias, device) -> AttentionLaunchConfig:
@@ -403,7 +414,6 @@ def column_sum(
     return rows.sum(dim=0)
 
 
-_LAYOUT_ARGS = 11  # GraphLayout.tensors()
 # query, key, value, edge_attr, edge_features, edge_weight, edge_bias, q_norm_weight, q_norm_bias, k_norm_weight,
 # k_norm_bias: the op's differentiable inputs, in its argument order.
 _TENSOR_INPUTS = 11
@@ -420,7 +430,10 @@ def _attention_backward_op(*args, **kwargs) -> tuple[Tensor, ...]:
 
 
 graph_attention_backward = torch.library.custom_op(
-    "gtnorm::graph_attention_backward", mutates_args=(), schema=_op_schema(attention_backward, outputs=_TENSOR_INPUTS)
+    "gtnorm::graph_attention_backward",
+    mutates_args=(),
+    schema=_op_schema(attention_backward, outputs=_TENSOR_INPUTS),
+    tags=_NOT_IN_CUDA_GRAPHS,
 )(_attention_backward_op)
 
 
@@ -443,22 +456,21 @@ def _(grad_out, query, key, value, edge_attr, edge_features, edge_weight, edge_b
     )
 
 
-def _setup_context(ctx, inputs, output, layout_on_ctx: bool = False):
-    """``layout_on_ctx``: hold the layout's index tensors as a plain attribute instead of saving them (eager path
-    only: torch.compile's tracing needs every tensor the backward reads saved). They are static (the layout cache
-    owns them, nothing writes them), so the version checks of saved tensors guard nothing there, and under
-    activation checkpointing (Anemoi's blocks) every saved tensor runs a Python pack hook in the forward and an
-    unpack hook in the backward: 11 of each per call, for arrays no recompute needs to rebuild."""
+def _setup_context(ctx, inputs, output, graph_on_ctx: bool = False):
+    """``graph_on_ctx``: hold the layout's index tensors (or the edge_index) as a plain attribute instead of saving
+    them (eager path only: torch.compile's tracing needs every tensor the backward reads saved). They are static
+    (the layout cache owns them, nothing writes them), so the version checks of saved tensors guard nothing there,
+    and under activation checkpointing (Anemoi's blocks) every saved tensor runs a Python pack hook in the forward
+    and an unpack hook in the backward: 11 of each per call, for arrays no recompute needs to rebuild."""
     tensors = inputs[:_TENSOR_INPUTS]
-    layout = inputs[_TENSOR_INPUTS : _TENSOR_INPUTS + _LAYOUT_ARGS]
-    ctx.qk_norm, ctx.eps_q, ctx.eps_k = inputs[_TENSOR_INPUTS + _LAYOUT_ARGS :]
+    graph, ctx.qk_norm, ctx.eps_q, ctx.eps_k = inputs[_TENSOR_INPUTS:]
     _out, lse, query_proj = output
-    if layout_on_ctx:
+    if graph_on_ctx:
         ctx.save_for_backward(*tensors, lse, query_proj)
-        ctx.layout = layout
+        ctx.graph = graph
     else:
-        ctx.save_for_backward(*tensors, lse, query_proj, *layout)
-        ctx.layout = None
+        ctx.save_for_backward(*tensors, lse, query_proj, *graph)
+        ctx.graph = None
     edge_features = tensors[_EDGE_FEATURES_INPUT]
     ctx.edge_features_grad = edge_features is not None and edge_features.requires_grad
     ctx.mark_non_differentiable(*(t for t in (lse, query_proj) if t is not None))
@@ -467,22 +479,16 @@ def _setup_context(ctx, inputs, output, layout_on_ctx: bool = False):
 def _backward(ctx, grad_out, _grad_lse, _grad_query_proj, backward=torch.ops.gtnorm.graph_attention_backward):
     saved = ctx.saved_tensors  # once: under checkpointing each access unpacks them again
     inputs = saved[:_TENSOR_INPUTS]
-    layout = ctx.layout if ctx.layout is not None else saved[_TENSOR_INPUTS + 2 :]
+    graph = ctx.graph if ctx.graph is not None else list(saved[_TENSOR_INPUTS + 2 :])
     lse, query_proj = saved[_TENSOR_INPUTS : _TENSOR_INPUTS + 2]
     edge_features_grad = ctx.edge_features_grad
-    grads = backward(
-        grad_out, *inputs, lse, query_proj, *layout, ctx.qk_norm, ctx.eps_q, ctx.eps_k, edge_features_grad
-    )
+    grads = backward(grad_out, *inputs, lse, query_proj, graph, ctx.qk_norm, ctx.eps_q, ctx.eps_k, edge_features_grad)
     # d edge_features is empty unless asked for: None there, as for absent inputs.
     needed = [t is not None for t in inputs]
     needed[_EDGE_FEATURES_INPUT] = edge_features_grad
-    return (
-        *(grad if need else None for grad, need in zip(grads, needed, strict=True)),
-        *([None] * _LAYOUT_ARGS),
-        None,
-        None,
-        None,
-    )
+    # The custom op's autograd wants a gradient per tensor of the graph list; the eager Function one None for it.
+    no_graph_grad = None if ctx.graph is not None else [None] * len(graph)
+    return *(grad if need else None for grad, need in zip(grads, needed, strict=True)), no_graph_grad, None, None, None
 
 
 graph_attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -494,7 +500,7 @@ class _EagerGraphAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, launch, *inputs):
         output = attention_forward(*inputs, launch=launch)
-        _setup_context(ctx, inputs, output, layout_on_ctx=True)
+        _setup_context(ctx, inputs, output, graph_on_ctx=True)
         ctx.launch = launch
         # lse takes no gradient: without this autograd would allocate and zero-fill one for it at every backward.
         ctx.set_materialize_grads(False)

@@ -212,7 +212,7 @@ def training_step(module: nn.Module, case: Case, inputs: Inputs, autocast_dtype:
     return StepResult(
         out.detach().float(),
         [t.grad for t in leaves],
-        {name: p.grad for name, p in module.named_parameters()},
+        {name: p.grad for name, p in getattr(module, "_orig_mod", module).named_parameters()},  # torch.compile's too
     )
 
 

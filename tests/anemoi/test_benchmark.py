@@ -40,6 +40,7 @@ def test_rows_are_measured_and_written(kind, device, tmp_path, capsys):
     for side in run.SIDES:
         for mode in report.MODES:
             assert row[side][mode]["status"] == "ok" and row[side][mode]["ms"] > 0
+            assert row[side][mode]["first_call_s"] > 0  # apart from the timed calls
     assert row["output_rel_error"] < 0.05  # bf16 on both sides
     assert all(p.grad is None for m in modules.values() for p in m.parameters())  # no gradient outlives a timing
 
@@ -48,6 +49,7 @@ def test_rows_are_measured_and_written(kind, device, tmp_path, capsys):
     report.write_outputs(results, tmp_path, plot=False)
     assert json.loads((tmp_path / "results.json").read_text())["rows"][0]["norm"] == "rms"
     assert f"| {kind} | rms | bf16 |" in (tmp_path / "results.md").read_text()
+    assert report.best_speedup(row, "train") is not None and report.speedup(row, "infer", *report.COMPILED) is not None
     report.print_summary(results)
     assert kind in capsys.readouterr().out
 

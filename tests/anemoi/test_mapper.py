@@ -81,22 +81,24 @@ def test_chunk_sources_are_the_connected_ones(device):
         assert torch.equal(chunk_edges, anemoi_side[2]) and torch.equal(attr, anemoi_side[1])
         assert torch.equal(x_dst, anemoi_side[0][1])
     every_source = torch.tensor([[4, 0, 1, 2, 3], [0, 0, 1, 1, 1]], device=device)
-    whole = gtnorm_mapper._chunk_partition(every_source, 1, (5, 2))
+    whole = gtnorm_mapper._prepared_partition(every_source, 1, (5, 2))
     (x_src, _), _, _, _ = whole.materialise(0, (x[0], x[1][:2]), edge_attr[:5], every_source)
     assert x_src is x[0]
 
 
 def test_chunk_written_in_place_is_made_again(device):
+    """A caller's in-place write into a chunk it was handed: the next preparation makes the chunks again."""
     edge_index = torch.tensor([[0, 1, 1], [0, 0, 1]], device=device)
-    partition = gtnorm_mapper._chunk_partition(edge_index, 1, (2, 2))
+    partition = gtnorm_mapper._prepared_partition(edge_index, 1, (2, 2))
     x = (torch.randn(2, 3, device=device), torch.randn(2, 3, device=device))
     edge_attr = torch.randn(3, 1, device=device)
     first = partition.materialise(0, x, edge_attr, edge_index)[2]
-    assert partition.materialise(0, x, edge_attr, edge_index)[2] is first
-    first[0, 0] = 1  # a caller's in-place write into the chunk it was handed
-    again = partition.materialise(0, x, edge_attr, edge_index)[2]
-    assert again is not first and torch.equal(again, edge_index)
-    assert partition.materialise(0, x, edge_attr, edge_index)[2] is again  # kept in place of the written one
+    assert gtnorm_mapper._prepared_partition(edge_index, 1, (2, 2)) is partition
+    first[0, 0] = 1
+    again = gtnorm_mapper._prepared_partition(edge_index, 1, (2, 2))
+    chunk = again.materialise(0, x, edge_attr, edge_index)[2]
+    assert chunk is not first and torch.equal(chunk, edge_index)
+    assert gtnorm_mapper._prepared_partition(edge_index, 1, (2, 2)) is again  # kept in place of the written one
 
 
 @pytest.mark.gpu

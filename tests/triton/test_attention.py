@@ -457,18 +457,23 @@ def _op_args(graph, heads, channels, dtype, qk_norm=True, requires_grad=True):
     return inputs, layout_args
 
 
+@pytest.mark.parametrize("graph_arg", ["layout", "edge_index"])
 @pytest.mark.parametrize("qk_norm", ["rms", "layer", "none"])
-def test_opcheck(qk_norm):
+def test_opcheck(qk_norm, graph_arg):
+    """The ops take the layout's index tensors, or [edge_index] (what torch.compile's graphs pass: the op finds the
+    layout in the shared cache when it runs)."""
     graph = make_graph("decoder_like", scale=1)
     inputs, layout_args = _op_args(graph, 2, 4, torch.float32, qk_norm=qk_norm if qk_norm != "none" else False)
+    if graph_arg == "edge_index":
+        layout_args = [graph.edge_index.to(DEVICE)]
     # The ops' tensors: q, k, v, edge_attr, then the edge projection's three (none here), then the norm parameters.
     tensors = [inputs[k] for k in INPUT_NAMES[:4]] + [None] * 3 + [inputs[k] for k in PARAM_NAMES]
-    forward_args = (*tensors, *layout_args, qk_norm, EPS, 2 * EPS)
+    forward_args = (*tensors, list(layout_args), qk_norm, EPS, 2 * EPS)
     torch.library.opcheck(torch.ops.gtnorm.graph_attention_forward.default, forward_args)
     _, lse, query_proj = torch.ops.gtnorm.graph_attention_forward(*forward_args)
     detached = [t.detach() if t is not None else None for t in tensors]
     grad_out = torch.randn_like(detached[0])
-    backward_args = (grad_out, *detached, lse, query_proj, *layout_args, qk_norm, EPS, 2 * EPS, False)
+    backward_args = (grad_out, *detached, lse, query_proj, list(layout_args), qk_norm, EPS, 2 * EPS, False)
     torch.library.opcheck(torch.ops.gtnorm.graph_attention_backward.default, backward_args)
 
 

@@ -314,11 +314,12 @@ def _op_args(graph, heads, channels, edge_dim, qk_norm, bias=True):
 def test_opcheck(edge_features_grad, bias):
     graph = make_graph("decoder_like", scale=1)
     tensors, layout_args = _op_args(graph, 2, 4, 3, "layer", bias)
-    forward_args = (*tensors, *layout_args, "layer", EPS, 2 * EPS)
+    forward_args = (*tensors, list(layout_args), "layer", EPS, 2 * EPS)
     torch.library.opcheck(torch.ops.gtnorm.graph_attention_forward.default, forward_args)
     _, lse, query_proj = torch.ops.gtnorm.graph_attention_forward(*forward_args)
     detached = [t.detach() if t is not None else None for t in tensors]
-    backward_args = (torch.randn_like(detached[0]), *detached, lse, query_proj, *layout_args, "layer", EPS, 2 * EPS)
+    grad_out = torch.randn_like(detached[0])
+    backward_args = (grad_out, *detached, lse, query_proj, list(layout_args), "layer", EPS, 2 * EPS)
     torch.library.opcheck(torch.ops.gtnorm.graph_attention_backward.default, (*backward_args, edge_features_grad))
 
 

@@ -1,0 +1,158 @@
+"""gtnorm's drop-ins under torch.compile, as Anemoi users compile them: ``torch.compile(module)`` on a processor or
+mapper, and anemoi-models' ``mark_for_compilation`` (what anemoi-training runs on the modules its config lists).
+
+What is checked: the processor and its blocks are captured whole (``fullgraph=True``); the mappers break only where
+their per-graph chunk preparation runs (gtnorm.anemoi.mapper._prepared_partition), and no more often than Anemoi's
+own mappers break there; a new edge_index tensor each step (the same graph, or another graph of the same shape)
+runs the compiled graph again without recompiling, and gets its own layout; compiled outputs and every gradient
+match eager ones, in training (checkpointing on) and under ``torch.inference_mode``.
+
+On the CPU the kernels run through the Triton interpreter and the backend is aot_eager (inductor would need a C++
+toolchain); on CUDA, inductor.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("anemoi.models", reason="needs anemoi-models (pip install --no-deps anemoi-models==0.19.0)")
+
+import torch  # noqa: E402
+import torch._dynamo  # noqa: E402
+from anemoi.models.utils.compile import mark_for_compilation  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
+
+from tests.anemoi.setups import (  # noqa: E402
+    GRAPH_SIZES,
+    Case,
+    Inputs,
+    assert_steps_match,
+    build_pair,
+    forward,
+    make_inputs,
+    random_edges,
+    rel_error,
+    training_step,
+)
+
+BACKEND = "inductor" if torch.cuda.is_available() else "aot_eager"
+# Compiled and eager runs share the kernels; only the code around them may be fused differently.
+TOL = 1e-5
+# Where gtnorm's mappers leave the traced graph: their per-graph preparation (one break per preparation).
+PREPARATION = "_prepared_partition"
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def graph_breaks() -> dict[str, int]:
+    return dict(counters["graph_break"])
+
+
+def new_tensor_each_step(inputs: Inputs) -> Inputs:
+    """The same graph in a new edge_index tensor, as Anemoi's graph providers hand it over every step."""
+    return Inputs(inputs.x, inputs.edge_attr, inputs.edge_index.clone(), inputs.batch)
+
+
+def another_graph_of_the_same_shape(case: Case, inputs: Inputs, edges, seed: int) -> Inputs:
+    """Other edges from ``edges(num_src, num_dst, generator)``, the same number of them (drawn until it matches)."""
+    num_edges = inputs.edge_index.shape[1] // inputs.batch
+    generator = torch.Generator().manual_seed(seed)
+    num_src, num_dst = GRAPH_SIZES[case.kind]
+    while (one_copy := edges(num_src, num_dst, generator)).shape[1] != num_edges:
+        pass
+    return make_inputs(case, inputs.edge_index.device, graph=(one_copy, num_src, num_dst))
+
+
+def dense_edges(num_src: int, num_dst: int, generator: torch.Generator) -> torch.Tensor:
+    """[2, M] sorted by destination, 6 to 8 edges each: enough for the fused edge projection's dispatch rule
+    (config.edge_projection_pays), whose plan lookup is then traced too."""
+    degree = torch.randint(6, 9, (num_dst,), generator=generator)
+    dst = torch.arange(num_dst).repeat_interleave(degree)
+    return torch.stack([torch.randint(0, num_src, (dst.numel(),), generator=generator), dst])
+
+
+@pytest.mark.parametrize("norm, edges", [("layer", dense_edges), ("off", random_edges)], ids=["layer-dense", "off"])
+def test_processor_is_one_graph_and_matches_eager(norm, edges, device):
+    """fullgraph=True on the whole processor (checkpointing on): no break; later steps with a new edge_index tensor
+    of the same graph, then of another graph of that shape, run the same compiled graph and match eager."""
+    case = Case("processor", norm=norm, num_chunks=2)  # 2 layers, one checkpoint each
+    _, module = build_pair(case, "triton", device)
+    counter = CompileCounterWithBackend(BACKEND)
+    compiled = torch.compile(module, backend=counter, fullgraph=True)
+    num_src, num_dst = GRAPH_SIZES["processor"]
+    graph = (edges(num_src, num_dst, torch.Generator().manual_seed(3)), num_src, num_dst)
+    inputs = make_inputs(case, device, graph=graph)
+    steps = [inputs, new_tensor_each_step(inputs), another_graph_of_the_same_shape(case, inputs, edges, seed=5)]
+    for step_inputs in steps:
+        assert_steps_match(training_step(compiled, case, step_inputs), training_step(module, case, step_inputs), TOL)
+    assert counter.frame_count == 1, "recompiled for a new edge_index tensor"
+    assert graph_breaks() == {}
+
+
+def test_processor_block_through_anemoi_compile_config(device):
+    """anemoi-models' mark_for_compilation (anemoi-training's path) compiling the blocks a config lists, with
+    fullgraph=True: each block is one graph, the step matches eager."""
+    case = Case("processor", norm="layer", num_chunks=2)
+    _, module = build_pair(case, "triton", device)
+    num_src, num_dst = GRAPH_SIZES["processor"]
+    inputs = make_inputs(case, device, graph=(dense_edges(num_src, num_dst, torch.Generator()), num_src, num_dst))
+    expected = training_step(module, case, inputs)
+    options = {"backend": BACKEND, "fullgraph": True}
+    entry = {"module": "gtnorm.anemoi.GraphTransformerProcessorBlock", "options": options}
+    mark_for_compilation(module, OmegaConf.create([entry]))  # a model config's ``compile`` list
+    for step_inputs in (inputs, new_tensor_each_step(inputs)):
+        assert_steps_match(training_step(module, case, step_inputs), expected, TOL)
+    assert graph_breaks() == {}
+
+
+def _mapper_breaks(module, case: Case, inputs: Inputs) -> dict[str, int]:
+    torch._dynamo.reset()
+    counters.clear()
+    training_step(torch.compile(module, backend=BACKEND), case, inputs)
+    return graph_breaks()
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_mapper_breaks_only_where_anemoi_s_does(kind, device):
+    """The mappers (4 chunks, checkpointing on) break only at their chunk preparation, no more often than Anemoi's
+    own mappers (which break at their partition's ``.item()`` and more); the compiled step matches Anemoi's eager
+    one, and a second step with a new edge_index tensor recompiles nothing."""
+    case = Case(kind, norm="layer", num_chunks=4)
+    anemoi_module, module = build_pair(case, "triton", device, anemoi_backend="pyg")
+    inputs = make_inputs(case, device)
+    expected = training_step(anemoi_module, case, inputs)
+    anemoi_breaks = _mapper_breaks(anemoi_module, case, inputs)
+
+    torch._dynamo.reset()
+    counters.clear()
+    counter = CompileCounterWithBackend(BACKEND)
+    compiled = torch.compile(module, backend=counter)
+    assert_steps_match(training_step(compiled, case, inputs), expected, TOL)
+    breaks = graph_breaks()
+    assert all(PREPARATION in reason for reason in breaks), breaks
+    assert sum(breaks.values()) <= sum(anemoi_breaks.values()), (breaks, anemoi_breaks)
+    graphs = counter.frame_count
+    assert_steps_match(training_step(compiled, case, new_tensor_each_step(inputs)), expected, TOL)
+    assert counter.frame_count == graphs, "recompiled for a new edge_index tensor"
+
+
+@pytest.mark.parametrize("kind", ["processor", "encoder", "decoder"])
+def test_inference_mode_compiled_matches_eager(kind, device):
+    """torch.inference_mode forward of the compiled module: Anemoi's inference path, traced."""
+    case = Case(kind, norm="layer", num_chunks=2 if kind == "processor" else 4)
+    _, module = build_pair(case, "triton", device)
+    module.eval()
+    compiled = torch.compile(module, backend=BACKEND, fullgraph=kind == "processor")
+    inputs = make_inputs(case, device)
+    with torch.inference_mode():
+        expected = forward(module, case, inputs)
+        for step_inputs in (inputs, new_tensor_each_step(inputs)):
+            assert rel_error(forward(compiled, case, step_inputs), expected) <= TOL
