@@ -310,6 +310,9 @@ def main(argv: list[str] | None = None) -> dict:
         kind, graph_name = MODULES[name]
         problem = make_problem(spec, kind, load_graph(graph_name, verbose=True), device)
         for norm in args.norms:
+            # Every row's modules share their classes' code: without a reset, dynamo's per-code cache limit would
+            # send later rows back to eager.
+            torch._dynamo.reset()
             modules = build_modules(spec, kind, norm, device)
             for dtype_name in args.dtypes:
                 row = measure_row(modules, problem, DTYPES[dtype_name], settings, device, args.rounds)
