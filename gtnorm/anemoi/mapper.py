@@ -76,9 +76,9 @@ class _CachedChunkPartition(GraphPartition):
     chunks: tuple[_Chunk, ...] | None = None
 
     @classmethod
-    def of(cls, partition: GraphPartition) -> _CachedChunkPartition:
+    def of(cls, partition: GraphPartition, chunks: tuple[_Chunk, ...] | None = None) -> _CachedChunkPartition:
         num_nodes, num_edges, num_parts, dst_splits, edge_splits = _fields(partition)
-        return cls(num_nodes, num_edges, num_parts, list(dst_splits), list(edge_splits))
+        return cls(num_nodes, num_edges, num_parts, list(dst_splits), list(edge_splits), chunks)
 
     def unwritten(self) -> bool:
         return all(chunk.unwritten() for chunk in self.chunks)
@@ -120,8 +120,7 @@ def _prepared_partition(edge_index: Tensor, num_parts: int, num_nodes: tuple[int
         else:
             partition = build_graph_partition(edge_index, num_parts=num_parts, num_nodes=num_nodes)
         chunks = tuple(_make_chunk(partition, part, edge_index, num_nodes[0]) for part in range(num_parts))
-        num_nodes_, num_edges, _, dst_splits, edge_splits = _fields(partition)
-        return _CachedChunkPartition(num_nodes_, num_edges, num_parts, list(dst_splits), list(edge_splits), chunks)
+        return _CachedChunkPartition.of(partition, chunks)
 
     derivation = ("gtnorm.anemoi.mapper._prepared_partition", num_parts)
     return cached_graph_value(edge_index, num_nodes, derivation, make, _CachedChunkPartition.unwritten)

@@ -12,7 +12,7 @@ from gtnorm._runtime import check_dtype, check_triton_device, resolve_eps
 from gtnorm.triton.config import AttentionLaunchConfig, edge_projection_fits, edge_projection_pays
 from gtnorm.triton.layout import GraphLayout
 from gtnorm.triton.layout_cache import LayoutOfEdgeIndex
-from gtnorm.triton.ops import graph_attention
+from gtnorm.triton.ops import extended_dim_of, graph_attention
 
 NORM_KINDS = ("rms", "layer")
 # Raw attributes per edge the fused edge projection takes: its kernels unroll a loop over them and hold a few
@@ -113,7 +113,7 @@ def fuses_edge_projection(
     if edge_features is None:
         return True
     heads, channels = query.shape[1:]
-    extended_dim = edge_features.shape[1] + int(edge_bias is not None)
+    extended_dim = extended_dim_of(edge_features, edge_bias)
     if not edge_projection_pays(layout.num_edges, layout.num_dst, kind):
         return False
     if edge_projection_fits(heads, channels, extended_dim, query.device):

@@ -348,7 +348,7 @@ def cached_layout(
     num_src, num_dst = _resolve_num_nodes(num_nodes, 0)
     if torch.compiler.is_compiling():
         return LayoutOfEdgeIndex(edge_index, num_src, num_dst)
-    return _SHARED_CACHE.get(edge_index, num_src, num_dst)
+    return layout_of_edge_index(edge_index, num_src, num_dst)
 
 
 @dataclass(frozen=True, eq=False)

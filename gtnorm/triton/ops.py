@@ -73,7 +73,7 @@ def attention_forward(
     out = new_output(query.shape, query.dtype, device)
     lse = new_output((num_dst, num_heads), torch.float32, device)
     edge_proj = edge_features is not None
-    proj_shape = (num_dst, num_heads, _extended_dim(edge_features, edge_bias)) if edge_proj else None
+    proj_shape = (num_dst, num_heads, extended_dim_of(edge_features, edge_bias)) if edge_proj else None
     query_proj = new_output(proj_shape, torch.float32, device) if edge_proj else None
     if num_dst == 0:
         return out, lse, query_proj
@@ -151,7 +151,7 @@ graph_attention_forward = torch.library.custom_op(
 
 @graph_attention_forward.register_fake
 def _(query, key, value, edge_attr, edge_features, edge_weight, edge_bias, *norm_params_layout_and_flags):
-    proj_shape = (*query.shape[:2], _extended_dim(edge_features, edge_bias)) if edge_features is not None else (0,)
+    proj_shape = (*query.shape[:2], extended_dim_of(edge_features, edge_bias)) if edge_features is not None else (0,)
     return (
         torch.empty_like(query),
         query.new_empty(query.shape[:2], dtype=torch.float32),
@@ -225,7 +225,7 @@ def attention_backward(
     # (backward_kernels.py), and dO projected onto the edge weights. Scratch that a call does not use is not
     # allocated: the kernels get another fp32 tensor's pointer there, never read (_or).
     if edge_proj:
-        extended_dim = _extended_dim(edge_features, edge_bias)
+        extended_dim = extended_dim_of(edge_features, edge_bias)
         scratch += [(num_dst, 2, num_heads, extended_dim), (num_dst, num_heads, extended_dim)]
     attn, grad_attn, delta, q_partial, k_partial, *projection_scratch = _fp32_scratch(device, scratch)
     feature_sums, grad_out_proj = projection_scratch or (None, None)
@@ -307,7 +307,7 @@ def layout_tensors(graph: list[Tensor], num_src: int, num_dst: int) -> tuple[Ten
 
 
 def _default_plan(num_heads: int, head_dim: int, edge_features, edge_bias, device) -> AttentionLaunchConfig:
-    extended_dim = _extended_dim(edge_features, edge_bias) if edge_features is not None else 0
+    extended_dim = extended_dim_of(edge_features, edge_bias) if edge_features is not None else 0
     plan = launch_config_for(num_heads, head_dim, extended_dim, device)
     if plan is None:  # graph_transformer_attention materialises the edge features instead (edge_projection_fits)
         raise ValueError(
@@ -323,11 +323,11 @@ def _edge_projection_flags(edge_features: Tensor | None, edge_bias: Tensor | Non
         EDGE_PROJ=edge_proj,
         EDGE_DIM=edge_features.shape[1] if edge_proj else 0,
         HAS_EDGE_BIAS=edge_bias is not None,
-        BLOCK_D=next_power_of_2(_extended_dim(edge_features, edge_bias)) if edge_proj else 1,
+        BLOCK_D=next_power_of_2(extended_dim_of(edge_features, edge_bias)) if edge_proj else 1,
     )
 
 
-def _extended_dim(edge_features: Tensor, edge_bias: Tensor | None) -> int:
+def extended_dim_of(edge_features: Tensor, edge_bias: Tensor | None) -> int:
     """D + 1 with a bias (its extra row of W, edge_projection.py), else D."""
     return edge_features.shape[1] + int(edge_bias is not None)  # int: a SymInt plus a bool fails under tracing
 
