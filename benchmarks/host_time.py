@@ -1,15 +1,17 @@
 """Developer probe: where the host time of one forward+backward call goes, and how fast this host launches.
 
-    python -m benchmarks.host_time [--graphs h_to_h_tiny h_to_h_small] [--profile]
+    python -m benchmarks.host_time [--graphs h_to_h_tiny h_to_h_small] [--profile] [--anemoi-fused-qk PATH]
 
 Per graph (bf16, H = 16, C = 64, RMSNorm with affine weights): wall time per call of a loop of calls with no
 sync inside (on a graph whose kernels take a few microseconds that is the host's time; CUDA-event GPU time
-beside it says whether it is), for gtnorm's op on a prebuilt layout and Anemoi's kernel on a prebuilt CSC.
+beside it says whether it is), for gtnorm's op on a prebuilt layout (RMSNorm with weights, and no norm) and Anemoi's
+kernel on a prebuilt CSC (no norm), and with ``--anemoi-fused-qk`` Anemoi's fused-QK-norm kernel (RMSNorm without
+weights; benchmarks/peer_kernels.py loads it from the path given).
 The op captured in a CUDA graph (torch.cuda.graph) and replayed. The layer: eager, torch.compile'd, and compiled
 with mode="reduce-overhead" (CUDA graphs).
 Calibration rows: an empty Triton kernel and a torch.add launched in a loop (microseconds per launch).
 ``--profile``: cProfile of gtnorm's call on the first graph, top functions by own time, then torch.profiler
-tables (host time per op, device time per kernel) of gtnorm's op and Anemoi's kernel on that graph.
+tables (host time per op, device time per kernel) of gtnorm's op and Anemoi's kernels on every graph.
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ from torch.profiler import ProfilerActivity, profile
 
 import gtnorm
 from benchmarks.graphs.catalog import load_graph
+from benchmarks.peer_kernels import anemoi_csc, load_anemoi_fused_qk
 
 try:
     from anemoi.models.triton.gt import graph_transformer_attention_conv as anemoi_conv
-    from anemoi.models.triton.utils import edge_index_to_csc
 except ImportError:  # anemoi-models is optional
-    anemoi_conv = edge_index_to_csc = None
+    anemoi_conv = None
 
 
 @triton.jit
@@ -62,7 +64,7 @@ def gpu_us(fn, leaves=()) -> float:
     return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=list(leaves), return_mode="median")
 
 
-def paths(graph, heads: int, channels: int, device):
+def paths(graph, heads: int, channels: int, device, fused_qk=None):
     dtype = torch.bfloat16
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -93,6 +95,9 @@ def paths(graph, heads: int, channels: int, device):
         out = gtnorm.graph_transformer_attention(q, k, v, e, layout, qk_norm=True, q_norm_weight=w_q, k_norm_weight=w_k)
         out.backward(grad)
 
+    def op_no_norm():
+        gtnorm.graph_transformer_attention(q, k, v, e, layout).backward(grad)
+
     # The op with its layout prebuilt captures as it is (no sync, no lookup): one replay per step.
     cuda_graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
@@ -121,13 +126,14 @@ def paths(graph, heads: int, channels: int, device):
     found = {
         "gtnorm_op_fwd": (op_fwd, ()),
         "gtnorm_op": (op, leaves),
+        "gtnorm_op_no_norm": (op_no_norm, leaves[:4]),
         "gtnorm_op_cuda_graph": (cuda_graph.replay, ()),
         "gtnorm_layer": (layer, conv_leaves),
         "gtnorm_layer_compiled": (lambda: layer(compiled), conv_leaves),
         "gtnorm_layer_cudagraph": (lambda: layer(captured), conv_leaves),
     }
     if anemoi_conv is not None:
-        csc, perm, reverse = edge_index_to_csc(edge_index, sizes, reverse=True)
+        csc, perm, reverse = anemoi_csc(edge_index, sizes)
 
         def anemoi_fwd():
             with torch.no_grad():
@@ -138,7 +144,14 @@ def paths(graph, heads: int, channels: int, device):
             edges = e.index_select(0, perm) if perm is not None else e
             anemoi_conv(q, k, v, edges, csc, reverse).backward(grad)
 
-        found |= {"anemoi_kernel_fwd": (anemoi_fwd, ()), "anemoi_kernel": (anemoi, leaves)}
+        found |= {"anemoi_kernel_fwd": (anemoi_fwd, ()), "anemoi_kernel": (anemoi, leaves[:4])}
+        if fused_qk is not None:
+
+            def anemoi_fused_qk():
+                edges = e.index_select(0, perm) if perm is not None else e
+                fused_qk(q, k, v, edges, csc, reverse).backward(grad)
+
+            found["anemoi_fused_qk"] = (anemoi_fused_qk, leaves[:4])
     return found
 
 
@@ -148,7 +161,9 @@ def main(argv=None) -> None:
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--calibrate-only", action="store_true")
+    parser.add_argument("--anemoi-fused-qk", metavar="PATH", help="see benchmarks/peer_kernels.py")
     args = parser.parse_args(argv)
+    fused_qk = load_anemoi_fused_qk(args.anemoi_fused_qk, "rms") if args.anemoi_fused_qk else None
     device = torch.device("cuda")
     x = torch.zeros(16, device=device)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
@@ -158,11 +173,11 @@ def main(argv=None) -> None:
           f"(leaf * 2).sum().backward() {loop_us(lambda: (leaf * 2).sum().backward(), [leaf]):.1f} us")  # fmt: skip
     for name in [] if args.calibrate_only else args.graphs:
         graph = load_graph(name)
-        for path, (fn, leaves) in paths(graph, args.heads, 64, device).items():
+        for path, (fn, leaves) in paths(graph, args.heads, 64, device, fused_qk).items():
             print(f"{name:14s} {path:18s} loop {loop_us(fn, leaves):8.1f} us/call   gpu {gpu_us(fn, leaves):8.1f} us",
                   flush=True)  # fmt: skip
     if args.profile:
-        found = paths(load_graph(args.graphs[0]), args.heads, 64, device)
+        found = paths(load_graph(args.graphs[0]), args.heads, 64, device, fused_qk)
         fn, leaves = found["gtnorm_op"]
         loop_us(fn, leaves)
         profiler = cProfile.Profile()
@@ -170,9 +185,11 @@ def main(argv=None) -> None:
         loop_us(fn, leaves, reps=100, trials=1)
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
-        for path in ("gtnorm_op", "anemoi_kernel"):
-            if path in found:
-                print_torch_profile(path, *found[path])
+        for name in args.graphs:
+            found = paths(load_graph(name), args.heads, 64, device, fused_qk)
+            for path in ("gtnorm_op", "gtnorm_op_no_norm", "anemoi_kernel", "anemoi_fused_qk"):
+                if path in found:
+                    print_torch_profile(f"{name} {path}", *found[path])
 
 
 def print_torch_profile(path: str, fn, leaves, reps: int = 20) -> None:
@@ -186,6 +203,7 @@ def print_torch_profile(path: str, fn, leaves, reps: int = 20) -> None:
         torch.cuda.synchronize()
     print(f"\n{path}: torch.profiler over {reps} calls (totals; divide by {reps} for one call)")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=60))
 
 
 if __name__ == "__main__":

@@ -20,9 +20,11 @@ import time
 import torch
 
 from benchmarks.anemoi.run import (
+    COMPILE_MODES,
     DTYPES,
     MODULES,
     NORMS,
+    SIDES,
     ModelSpec,
     build_modules,
     inference_call,
@@ -52,7 +54,8 @@ def step_calls(module: torch.nn.Module, problem, dtype: torch.dtype, device: tor
 
 
 def profile_call(fn, device: torch.device, steps: int, warmup: int = 3) -> dict:
-    """Per-step wall, host and GPU time (ms), kernels, host syncs and the top kernels of ``steps`` calls of fn."""
+    """Per-step wall, host and GPU time (ms), kernels, host syncs and the top kernels of ``steps`` calls of fn, and
+    the torch ops with most host time (self CPU, every thread: the backward runs on autograd's device thread)."""
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(warmup):
         fn()
@@ -80,6 +83,7 @@ def profile_call(fn, device: torch.device, steps: int, warmup: int = 3) -> dict:
         "kernels": sum(e.count for e in kernels) / steps,
         "syncs": sum(e.count for e in events if e.key in SYNC_EVENTS) / steps,
         "top": [(e.key, e.device_time_total / steps / 1e3, e.count / steps) for e in top],
+        "ops": events.table(sort_by="self_cpu_time_total", row_limit=TOP_FUNCTIONS, max_name_column_width=70),
     }
 
 
@@ -108,6 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp16")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--python", action="store_true", help="add a cProfile of each side's step (host Python)")
+    parser.add_argument("--ops", action="store_true", help="add the torch ops with most host time per side")
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=["anemoi", "gtnorm"])
+    parser.add_argument("--compile-mode", default="default", choices=COMPILE_MODES, help="of the compiled sides")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.anemoi.step_profile needs a CUDA device (as benchmarks.anemoi)")
@@ -117,15 +124,18 @@ def main(argv: list[str] | None = None) -> None:
         graph = load_graph(graph_name)
         print(f"## {name} ({graph_name}: {graph.num_src} -> {graph.num_dst}, {graph.num_edges} edges), "
               f"QK norm {args.norm}, {args.dtype}")  # fmt: skip
-        modules = build_modules(spec, kind, args.norm, device)
+        torch._dynamo.reset()
+        modules = build_modules(spec, kind, args.norm, device, args.compile_mode)
         problem = make_problem(spec, kind, graph, device)
-        for side in ("anemoi", "gtnorm"):
+        for side in args.sides:
             for mode, fn in step_calls(modules[side], problem, DTYPES[args.dtype], device).items():
                 p = profile_call(fn, device, args.steps)
-                print(f"{side:7s} {mode}: wall {p['wall_ms']:.2f} ms, host {p['host_ms']:.2f} ms, "
+                print(f"{side:15s} {mode}: wall {p['wall_ms']:.2f} ms, host {p['host_ms']:.2f} ms, "
                       f"GPU {p['gpu_ms']:.2f} ms, {p['kernels']:.0f} kernels, {p['syncs']:.1f} host syncs")  # fmt: skip
                 for key, ms, count in p["top"]:
                     print(f"    {ms:7.3f} ms  x{count:5.1f}  {key[:90]}")
+                if args.ops:
+                    print(f"torch ops over {args.steps} steps (totals):\n{p['ops']}")
                 if args.python:
                     print(python_profile(fn, args.steps))
         del modules, problem

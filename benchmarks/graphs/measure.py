@@ -11,7 +11,7 @@ import gc
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
@@ -42,6 +42,20 @@ class TimingSettings:
     warmup_ms: float = 25.0  # GPU: do_bench's warm-up budget
     rep_ms: float = 100.0  # GPU: do_bench's measuring budget (it picks the number of calls from it)
     cpu_reps: int = 1  # CPU: timed calls (no warm-up)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One run of the graph benchmark: what every graph is measured with."""
+
+    dtype: torch.dtype
+    heads: int
+    channels: int
+    eps: float
+    variants: tuple[str, ...]
+    timing: TimingSettings
+    check: bool
+    peer_paths: dict = field(default_factory=dict)  # peer variant -> the path its kernel loads from
 
 
 def guarded(fn: Callable[[], T]) -> tuple[T | None, str]:

@@ -11,18 +11,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from benchmarks.graphs.accuracy import check_accuracy
 from benchmarks.graphs.catalog import load_graph
-from benchmarks.graphs.measure import free_memory, measure_call
+from benchmarks.graphs.measure import Settings, free_memory, measure_call
 from benchmarks.graphs.report import MODES
 from benchmarks.graphs.variants import build_variant, make_inputs
-
-if TYPE_CHECKING:
-    from benchmarks.graphs.run import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 # The latest committed full-suite GPU run: what quick mode and the README show. Update both with a new run.

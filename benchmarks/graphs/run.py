@@ -22,7 +22,7 @@ import argparse
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -35,6 +35,7 @@ from benchmarks.graphs.catalog import SUITES, graph_names, load_graph
 from benchmarks.graphs.measure import (
     MIB,
     Measurement,
+    Settings,
     TimingSettings,
     copy_bandwidth,
     free_memory,
@@ -47,6 +48,7 @@ from benchmarks.graphs.report import MODES, NOT_PERFORMANCE, markdown, write_out
 from benchmarks.graphs.variants import (
     COMPILED_VARIANTS,
     CUDA_ONLY_VARIANTS,
+    PEER_VARIANTS,
     VARIANTS,
     BenchInputs,
     build_variant,
@@ -58,17 +60,7 @@ CPU_DEFAULTS = dict(suite="tiny", heads=2, channels=16)
 GPU_DEFAULTS = dict(suite="full", heads=16, channels=64)
 COMPILE_SKIPPED_ON_CPU = "skipped: torch.compile on the CPU is slow and says nothing about the GPU"
 CUDA_ONLY_SKIPPED_ON_CPU = "skipped: a CUDA-only kernel (no Triton interpreter path)"
-
-
-@dataclass(frozen=True)
-class Settings:
-    dtype: torch.dtype
-    heads: int
-    channels: int
-    eps: float
-    variants: tuple[str, ...]
-    timing: TimingSettings
-    check: bool
+PEER_SKIPPED = "skipped: a kernel from outside this repository, run when its path is given (--anemoi-fused-qk)"
 
 
 def parse_args(argv: list[str] | None, on_gpu: bool) -> argparse.Namespace:
@@ -118,6 +110,13 @@ def parse_args(argv: list[str] | None, on_gpu: bool) -> argparse.Namespace:
         help=f"CPU: timed calls per measurement (median; no warm-up; default: {PYG_TIMED_CALLS} in quick mode, "
         "where only PyG is timed, else 1)",
     )
+    parser.add_argument(
+        "--anemoi-fused-qk",
+        type=Path,
+        metavar="PATH",
+        help="Anemoi's fused-QK-norm kernel: a checkout of ecmwf/anemoi-core's feat/triton-gt-fused-qk-norm branch, "
+        "or the folder of its gt.py, norm.py, utils.py (variant anemoi_fused_qk; GPU only)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: benchmarks/out/<date-time>)")
     parser.add_argument("--no-plot", action="store_true", help="do not draw results.png")
     parser.add_argument("--no-check", action="store_true", help="skip the accuracy check against PyG")
@@ -149,6 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
         variants=tuple(v for v in VARIANTS if v in args.variants),
         timing=timing,
         check=not args.no_check,
+        peer_paths={"anemoi_fused_qk": args.anemoi_fused_qk} if args.anemoi_fused_qk else {},
     )
     names = args.graphs or list(SUITES[args.suite])
     if args.quick:
@@ -260,7 +260,7 @@ def benchmark_graph(graph, settings: Settings, device: torch.device, bandwidth: 
             print(f"{tag}:   {comparison}: {text}", flush=True)
     result["variants"] = {}
     for name in settings.variants:
-        result["variants"][name] = measure_variant(name, inputs, device, settings.timing, tag)
+        result["variants"][name] = measure_variant(name, inputs, device, settings, tag)
         free_memory()
     del inputs
     free_memory()
@@ -269,16 +269,19 @@ def benchmark_graph(graph, settings: Settings, device: torch.device, bandwidth: 
 
 
 def measure_variant(
-    name: str, inputs: BenchInputs, device: torch.device, timing: TimingSettings, tag: str
+    name: str, inputs: BenchInputs, device: torch.device, settings: Settings, tag: str
 ) -> dict[str, dict]:
     """{mode: Measurement as a dict} for forward (under no_grad) and forward+backward."""
+    timing = settings.timing
+    if name in PEER_VARIANTS and name not in settings.peer_paths:
+        return {mode: asdict(Measurement(PEER_SKIPPED)) for mode in MODES}
     if name in COMPILED_VARIANTS and device.type != "cuda":
         print(f"{tag} {name:22s} {COMPILE_SKIPPED_ON_CPU}", flush=True)
         return {mode: asdict(Measurement(COMPILE_SKIPPED_ON_CPU)) for mode in MODES}
     if name in CUDA_ONLY_VARIANTS and device.type != "cuda":
         print(f"{tag} {name:22s} {CUDA_ONLY_SKIPPED_ON_CPU}", flush=True)
         return {mode: asdict(Measurement(CUDA_ONLY_SKIPPED_ON_CPU)) for mode in MODES}
-    variant, status = guarded(lambda: build_variant(name, inputs))
+    variant, status = guarded(lambda: build_variant(name, inputs, settings.peer_paths))
     calls = {}
     if variant is not None:
         forward, grad_out = variant.forward, inputs.grad_out

@@ -21,13 +21,16 @@ from gtnorm.triton.config import launch_config_for
 RMS_VARIANTS = ("pyg", "pyg_compiled", "unfused", "unfused_compiled_norm", "fused")
 LAYER_NORM_VARIANTS = ("pyg_layer", "unfused_layer", "unfused_compiled_layer", "anemoi_layer", "fused_layer")
 PROJECTION_VARIANTS = ("lin_edge_fused_layer", "fused_projection")
-VARIANTS = (*RMS_VARIANTS, *LAYER_NORM_VARIANTS, "no_norm", *PROJECTION_VARIANTS)
+# Kernels of others that live outside this repository, run only when the user names their files
+# (benchmarks/peer_kernels.py; `python -m benchmarks.graphs --anemoi-fused-qk PATH`).
+PEER_VARIANTS = ("anemoi_fused_qk",)
+VARIANTS = (*RMS_VARIANTS, *LAYER_NORM_VARIANTS, "no_norm", *PROJECTION_VARIANTS, *PEER_VARIANTS)
 # Raw attributes per edge of the projection variants: Anemoi's lin_edge input (edge length, direction and
 # trainable edge parameters) is about this wide.
 EDGE_DIM = 11
 COMPILED_VARIANTS = frozenset({"pyg_compiled", "unfused_compiled_norm", "unfused_compiled_layer"})
 # Anemoi's kernel is a CUDA-only custom op (device_types="cuda"): it has no interpreter path.
-CUDA_ONLY_VARIANTS = frozenset({"anemoi_layer"})
+CUDA_ONLY_VARIANTS = frozenset({"anemoi_layer", "anemoi_fused_qk"})
 DESCRIPTIONS = {
     "pyg": "torch.nn.RMSNorm on q, k + the PyG MessagePassing of GraphTransformerConv(backend='pyg'), eager",
     "pyg_compiled": "the pyg variant under torch.compile",
@@ -46,6 +49,9 @@ DESCRIPTIONS = {
     "dtype (as autocast runs Anemoi's lin_edge), then fused_layer on it: projection + attention, e materialised",
     "fused_projection": "gtnorm.graph_transformer_attention(qk_norm='layer', edge_features=raw attributes, "
     "edge_weight=lin_edge weight.t(), edge_bias=lin_edge bias): the projection inside the kernels, e never stored",
+    "anemoi_fused_qk": "Anemoi's fused-QK-norm kernel (branch feat/triton-gt-fused-qk-norm of ecmwf/anemoi-core, "
+    "loaded from --anemoi-fused-qk PATH), RMSNorm inside its kernels without affine weights (the branch has none), "
+    "on a CSC built once outside the timed region: a function other than fused's, not in the accuracy check",
 }
 
 
@@ -178,7 +184,14 @@ class Variant:
     leaves: tuple[Tensor, ...]
 
 
-def build_variant(name: str, inputs: BenchInputs) -> Variant:
+def build_variant(name: str, inputs: BenchInputs, peer_paths: dict | None = None) -> Variant:
+    """``peer_paths``: {peer variant: the path its files load from} (benchmarks/peer_kernels.py)."""
+    if name in PEER_VARIANTS:
+        path = (peer_paths or {}).get(name)
+        if path is None:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{name} runs a kernel from outside this repository: give its path ({flag})")
+        return _anemoi_fused_qk_variant(inputs, path)
     if name in LAYER_NORM_VARIANTS:
         return _build_layer_norm_variant(name, inputs)
     if name in PROJECTION_VARIANTS:
@@ -274,23 +287,40 @@ def _build_layer_norm_variant(name: str, inputs: BenchInputs) -> Variant:
 def _anemoi_attention(inputs: BenchInputs, layer_norm) -> Callable[[], Tensor]:
     """Anemoi's path with qk_norm on: LayerNorm on q and k, then its Triton kernel, called as its
     GraphTransformerProcessorBlock does (anemoi/models/layers/block.py, apply_gt): CSC and reverse index built
-    with its edge_index_to_csc (here once, outside the timed region, like gtnorm's layout), edge features gathered
-    into CSC order when the graph's edges are not sorted by destination."""
+    with its edge_index_to_csc (here once, outside the timed region, like gtnorm's layout; benchmarks.peer_kernels
+    .anemoi_csc), edge features gathered into CSC order only when the graph's edges are not sorted by destination."""
     if inputs.query.device.type != "cuda":
         raise RuntimeError("Anemoi's Triton kernel is a CUDA-only custom op")
     from anemoi.models.triton.gt import graph_transformer_attention_conv
-    from anemoi.models.triton.utils import edge_index_to_csc
+
+    from benchmarks.peer_kernels import anemoi_csc
 
     q, k, v, e = inputs.query, inputs.key, inputs.value, inputs.edge_attr
     wq, wk, bq, bk = inputs.q_norm_weight, inputs.k_norm_weight, inputs.q_norm_bias, inputs.k_norm_bias
     num_nodes = (inputs.num_src, inputs.num_dst)
-    csc, perm, reverse = edge_index_to_csc(inputs.edge_index, num_nodes=num_nodes, reverse=True)
+    csc, perm, reverse = anemoi_csc(inputs.edge_index, num_nodes)
 
     def forward() -> Tensor:
         edges = e.index_select(0, perm) if perm is not None else e
         return graph_transformer_attention_conv(layer_norm(q, wq, bq), layer_norm(k, wk, bk), v, edges, csc, reverse)
 
     return forward
+
+
+def _anemoi_fused_qk_variant(inputs: BenchInputs, path) -> Variant:
+    if inputs.query.device.type != "cuda":
+        raise RuntimeError("Anemoi's fused-QK kernel runs on CUDA only")
+    from benchmarks.peer_kernels import anemoi_csc, load_anemoi_fused_qk
+
+    attention = load_anemoi_fused_qk(path, "rms")
+    q, k, v, e = inputs.query, inputs.key, inputs.value, inputs.edge_attr
+    csc, perm, reverse = anemoi_csc(inputs.edge_index, (inputs.num_src, inputs.num_dst))
+
+    def forward() -> Tensor:
+        edges = e.index_select(0, perm) if perm is not None else e
+        return attention(q, k, v, edges, csc, reverse)
+
+    return Variant("anemoi_fused_qk", forward, (q, k, v, e))
 
 
 def _build_projection_variant(name: str, inputs: BenchInputs) -> Variant:
