@@ -284,8 +284,9 @@ class GraphTransformerConv(torch.nn.Module):
             if norm is None:
                 continue
             check_norm_eps(norm)
-            for param_name, param in norm.named_parameters():
-                if param.device != query.device:
+            # The module's own parameters (not named_parameters(): a generator over the module tree, a few us a call)
+            for param_name, param in norm._parameters.items():
+                if param is not None and param.device != query.device:
                     raise ValueError(
                         f"{name}.{param_name} is on {param.device}, query is on {query.device} (move the module "
                         "with .to())"
@@ -314,8 +315,8 @@ class GraphTransformerConv(torch.nn.Module):
                 f"lin_edge.out_features is {out_features}, the attention has {heads} heads x {self.out_channels} "
                 f"channels = {heads * self.out_channels}"
             )
-        for name, param in self.lin_edge.named_parameters():
-            if param.device != query.device:
+        for name, param in self.lin_edge._parameters.items():
+            if param is not None and param.device != query.device:
                 raise ValueError(f"lin_edge.{name} is on {param.device}, query is on {query.device}")
 
 

@@ -42,7 +42,7 @@ _MAX_BINARIES = 256
 def specialization_key(value):
     """What Triton's specialisation of a non-constexpr argument depends on."""
     if isinstance(value, torch.Tensor):
-        return value.dtype, not value.data_ptr() & 15
+        return _tensor_key(value)
     if type(value) is int:
         return value == 1, not value % 16, _INT32_MIN <= value <= _INT32_MAX, _INT64_MIN <= value <= _INT64_MAX
     return type(value)
@@ -73,7 +73,13 @@ class Launcher:
             self.kernel[grid](*args, **kwargs)
             return
         device = driver.active.get_current_device()
-        key = (device, *kwargs.items(), *map(_argument_key, args, self._constexpr))
+        # One comprehension over ~35 arguments, no call per argument: the key is most of a cached launch's Python.
+        key = (
+            device,
+            *kwargs.items(),
+            *[a if constexpr else _tensor_key(a) if isinstance(a, torch.Tensor) else specialization_key(a)
+              for a, constexpr in zip(args, self._constexpr, strict=False)],
+        )  # fmt: skip
         found = self._binaries.get(key)
         if found is None:
             self._first_launch(key, grid, args, kwargs)
@@ -113,5 +119,5 @@ def _hook_set(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def _argument_key(value, constexpr: bool):
-    return value if constexpr else specialization_key(value)
+def _tensor_key(value: torch.Tensor):
+    return value.dtype, not value.data_ptr() & 15
