@@ -12,7 +12,8 @@ built model also converts them (and Anemoi's mappers), so that each step's edges
 with gtnorm's layout cache and found with no host sync (gtnorm/anemoi/graph_provider.py). With the config switch
 alone they are found by content, one host sync per new tensor.
 
-Needs anemoi-models (tested with 0.19.0); see the README's "Use in Anemoi" section for installing it.
+Needs anemoi-models 0.19 (tested with 0.19.0; older versions are refused at import, newer ones warned about); see
+the README's "Use in Anemoi" section for installing it.
 """
 
 try:
@@ -23,11 +24,37 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "its pins: pip install --no-deps anemoi-models==0.19.0 && pip install 'gtnorm[anemoi]'"
     ) from exc
 
-from gtnorm.anemoi.block import GraphTransformerMapperBlock, GraphTransformerProcessorBlock
-from gtnorm.anemoi.convert import use_gtnorm_attention
-from gtnorm.anemoi.graph_provider import StaticGraphProvider
-from gtnorm.anemoi.mapper import GraphTransformerBackwardMapper, GraphTransformerForwardMapper
-from gtnorm.anemoi.processor import GraphTransformerProcessor
+import importlib.metadata
+import warnings
+
+# anemoi-models versions the drop-ins are built for. 0.18 and 0.17 build their mappers from other arguments
+# (hidden_dim where 0.19 takes num_channels), and their graph providers and edge sharding differ.
+SUPPORTED_ANEMOI_MODELS = (0, 19)
+
+
+def check_anemoi_models_version(found: str) -> None:
+    """ImportError for anemoi-models older than the supported minor version, a warning for a newer (untested) one."""
+    release = tuple(int(part) for part in found.split(".")[:2] if part.isdigit())
+    supported = ".".join(map(str, SUPPORTED_ANEMOI_MODELS))
+    if release < SUPPORTED_ANEMOI_MODELS:
+        raise ImportError(
+            f"gtnorm.anemoi supports anemoi-models {supported}.x (tested with 0.19.0), found {found}: its blocks, "
+            f"processor and mappers take other arguments. Install it with: pip install --no-deps anemoi-models==0.19.0"
+        )
+    if release[:2] > SUPPORTED_ANEMOI_MODELS:
+        warnings.warn(
+            f"gtnorm.anemoi is tested with anemoi-models {supported}.x (0.19.0), found {found}: untested",
+            stacklevel=2,
+        )
+
+
+check_anemoi_models_version(importlib.metadata.version("anemoi-models"))
+
+from gtnorm.anemoi.block import GraphTransformerMapperBlock, GraphTransformerProcessorBlock  # noqa: E402
+from gtnorm.anemoi.convert import use_gtnorm_attention  # noqa: E402
+from gtnorm.anemoi.graph_provider import StaticGraphProvider  # noqa: E402
+from gtnorm.anemoi.mapper import GraphTransformerBackwardMapper, GraphTransformerForwardMapper  # noqa: E402
+from gtnorm.anemoi.processor import GraphTransformerProcessor  # noqa: E402
 
 __all__ = [
     "GraphTransformerBackwardMapper",

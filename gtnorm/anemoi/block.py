@@ -2,8 +2,9 @@
 
 Anemoi's blocks normalise query and key (``_apply_qk_norm``) and then call their attention backend once per
 edge chunk (``apply_gt``). The subclasses here change only those two steps: the norm is no longer applied on
-its own, and each chunk goes through a :class:`gtnorm.GraphTransformerConv` that is handed the block's own
-``q_norm`` / ``k_norm`` modules and applies them inside the kernels. Where the block projects its raw edge
+its own, and each chunk goes through the block's ``conv``, an instance of Anemoi's GraphTransformerConv class
+that runs :class:`gtnorm.GraphTransformerConv` with the block's own ``q_norm`` / ``k_norm`` modules, applied inside
+the kernels (gtnorm/anemoi/conv.py). Where the block projects its raw edge
 attributes with ``lin_edge`` alone (no ``edge_pre_mlp``) and shards by edges, the conv is handed ``lin_edge`` too:
 the edge features are then computed inside the kernels and never stored (``get_qkve`` passes the raw attributes
 on). Everything else (the other projections, shard strategies, inference chunks, MLPs, checkpointing around the
@@ -15,7 +16,7 @@ from __future__ import annotations
 from anemoi.models.layers import block as anemoi_block
 from torch import Tensor, nn
 
-from gtnorm.nn.conv import GraphTransformerConv
+from gtnorm.anemoi.conv import FusedGraphTransformerConv
 
 # Anemoi's graph_attention_backend -> GraphTransformerConv's backend. "triton" runs gtnorm's kernels wherever
 # they can run (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1) and the PyG path elsewhere, as
@@ -32,10 +33,10 @@ FUSE_EDGE_PROJECTION = True
 class _FusedAttention:
     """What gtnorm's blocks override in Anemoi's GraphTransformerBaseBlock (mixed in before it).
 
-    The conv is kept out of the module tree (a plain attribute, not a submodule): it holds the block's
-    ``q_norm`` / ``k_norm`` modules, and as a submodule it would list their parameters a second time under
-    ``conv.q_norm.*``. So the state_dict keys stay exactly Anemoi's, and ``.to()`` / ``.half()`` reach the
-    norms through the block, where Anemoi registered them (and ``lin_edge``, likewise).
+    ``conv`` is a submodule where Anemoi has its own, of Anemoi's class and without parameters
+    (FusedGraphTransformerConv); the norms and ``lin_edge`` it uses stay registered where Anemoi registered them.
+    So the module tree and the state_dict keys are exactly Anemoi's, and ``.to()`` / ``.half()`` reach the norms
+    through the block.
     """
 
     def __init__(self, *args, **kwargs):
@@ -52,15 +53,13 @@ class _FusedAttention:
             raise ValueError(
                 f"graph_attention_backend must be one of {sorted(_BACKENDS)}, got {self.graph_attention_backend!r}"
             )
-        conv = GraphTransformerConv(
+        self.conv = FusedGraphTransformerConv(
             self.out_channels_conv,
             backend=_BACKENDS[self.graph_attention_backend],
             q_norm=self.q_norm if self.qk_norm else None,
             k_norm=self.k_norm if self.qk_norm else None,
             lin_edge=self.lin_edge if self._fuses_edge_projection() else None,
         )
-        self._modules.pop("conv", None)  # Anemoi's PyG conv, when this block was built as Anemoi's
-        object.__setattr__(self, "conv", conv)
 
     def _fuses_edge_projection(self) -> bool:
         """Whether lin_edge runs inside the kernels: the edge features are lin_edge(raw attributes) alone, and the

@@ -82,6 +82,7 @@ class Case:
     attn_channels: int | None = None
     channels: int = HIDDEN_CHANNELS  # num_channels (the hidden width)
     heads: int = 2
+    trainable_size: int = 0  # trainable edge parameters per edge (Anemoi's graph providers' trainable_size)
     extra: dict = field(default_factory=dict)
 
     def with_(self, **changes) -> Case:
@@ -94,7 +95,7 @@ class Case:
             num_chunks=self.num_chunks,
             num_heads=self.heads,
             mlp_hidden_ratio=2.0,
-            edge_dim=EDGE_DIM,
+            edge_dim=EDGE_DIM + self.trainable_size,
             attn_channels=self.attn_channels,
             qk_norm=self.norm != "off",
             layer_kernels=NORM_KERNELS[self.norm] or {},
@@ -247,8 +248,9 @@ def assert_steps_match(actual: StepResult, expected: StepResult, tol: float) -> 
             assert rel_error(a, e) <= tol, f"{name}: gradient error {rel_error(a, e):.2e}"
 
 
-def make_provider(kind: str, seed: int = 2):
-    """Anemoi's StaticGraphProvider over a random graph of GRAPH_SIZES[kind] (it sorts the edges by destination)."""
+def make_provider(kind: str, seed: int = 2, trainable_size: int = 0):
+    """Anemoi's StaticGraphProvider over a random graph of GRAPH_SIZES[kind] (it sorts the edges by destination),
+    with ``trainable_size`` trainable parameters per edge appended to its attributes."""
     from anemoi.models.layers.graph_provider import StaticGraphProvider
     from torch_geometric.data import HeteroData
 
@@ -258,7 +260,7 @@ def make_provider(kind: str, seed: int = 2):
     graph = HeteroData()
     graph["edge_index"] = edge_index[:, torch.randperm(edge_index.shape[1], generator=generator)]
     graph["edge_attr"] = torch.randn(edge_index.shape[1], EDGE_DIM, generator=generator)
-    return StaticGraphProvider(graph, ["edge_attr"], num_src, num_dst, trainable_size=0)
+    return StaticGraphProvider(graph, ["edge_attr"], num_src, num_dst, trainable_size=trainable_size)
 
 
 class ProviderModel(nn.Module):

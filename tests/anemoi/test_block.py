@@ -54,12 +54,15 @@ def test_pyg_backend_does_not_run_kernels(device, kernel_calls):
 
 @pytest.mark.parametrize("kind", ["processor", "encoder", "decoder"])
 def test_norms_stay_the_block_s_own_modules(kind):
-    """The conv uses the block's q_norm / k_norm and is not a submodule, also in a deep copy and after pickling."""
-    _, gtnorm_module = build_pair(Case(kind, norm="rms"), "triton", torch.device("cpu"))
+    """The conv uses the block's q_norm / k_norm; the gtnorm conv inside it is not a submodule (no parameter
+    listed twice), also in a deep copy and after pickling."""
+    anemoi_module, gtnorm_module = build_pair(Case(kind, norm="rms"), "triton", torch.device("cpu"))
+    names = [name for name, _ in anemoi_module.named_modules()]
     for module in (gtnorm_module, copy.deepcopy(gtnorm_module), pickle.loads(pickle.dumps(gtnorm_module))):
+        assert [name for name, _ in module.named_modules()] == names
         for block in gtnorm_blocks(module):
-            assert block.conv.q_norm is block.q_norm and block.conv.k_norm is block.k_norm
-            assert all(sub is not block.conv for sub in block.modules())
+            assert block.conv.fused.q_norm is block.q_norm and block.conv.fused.k_norm is block.k_norm
+            assert all(sub is not block.conv.fused for sub in block.modules())
 
 
 def test_use_gtnorm_attention_converts_a_built_model(device):
@@ -81,7 +84,7 @@ def test_environment_backend_override(monkeypatch):
     """Anemoi's ANEMOI_INFERENCE_GRAPHTRANSFORMER_ATTENTION_BACKEND (read at import) picks the backend here too."""
     monkeypatch.setattr(anemoi_block, "ATTENTION_BACKEND", "pyg")
     _, gtnorm_module = build_pair(Case("encoder"), "triton", torch.device("cpu"))
-    assert [b.conv.backend for b in gtnorm_blocks(gtnorm_module)] == ["pyg"]
+    assert [b.conv.fused.backend for b in gtnorm_blocks(gtnorm_module)] == ["pyg"]
 
 
 def test_unknown_backend_is_refused():

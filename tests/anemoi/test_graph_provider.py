@@ -14,6 +14,7 @@ pytest.importorskip("anemoi.models", reason="needs anemoi-models (pip install --
 import torch  # noqa: E402
 
 import gtnorm.anemoi  # noqa: E402
+import gtnorm.triton.attention  # noqa: E402
 from gtnorm.anemoi import graph_provider  # noqa: E402
 from gtnorm.triton import layout_cache  # noqa: E402
 from tests.anemoi.setups import Case, ProviderModel, build_pair, make_inputs, make_provider, rel_error  # noqa: E402
@@ -96,3 +97,33 @@ def test_node_counts_are_read_once_and_after_a_write(monkeypatch):
         provider.edge_inc[1, 0] = 7
     assert graph_provider.base_node_counts(provider.edge_inc) == (16, 7)
     assert len(reads) == 1
+
+
+@pytest.mark.parametrize("kind", ["processor", "encoder"])
+def test_trainable_edge_parameters_get_anemoi_s_gradients(kind, device, monkeypatch):
+    """A graph provider with trainable edge parameters (trainable_size > 0): the raw attributes the blocks get
+    require grad, lin_edge runs inside the kernels, and the fused projection's gradient reaches the trainable
+    parameters as Anemoi's own path's does."""
+    # These graphs are too sparse for the op's dispatch rule to fuse the projection: fused here all the same.
+    monkeypatch.setattr(gtnorm.triton.attention, "edge_projection_pays", lambda *args: True)
+    monkeypatch.setattr(gtnorm.triton.attention, "materialised_edge_features", None)  # a call would fail
+    case = Case(kind, batch=2, trainable_size=4)
+    anemoi_module, _ = build_pair(case, "triton", device, anemoi_backend="pyg")
+    anemoi_model = ProviderModel(case, make_provider(kind, trainable_size=4), anemoi_module).to(device)
+    gtnorm_model = gtnorm.anemoi.use_gtnorm_attention(copy.deepcopy(anemoi_model), "triton")
+    names = [name for name, _ in gtnorm_model.named_parameters()]
+    trainable = [i for i, name in enumerate(names) if name.startswith("provider.")]
+    assert trainable, names
+    blocks = [
+        m
+        for m in gtnorm_model.modules()
+        if isinstance(m, gtnorm.anemoi.GraphTransformerProcessorBlock | gtnorm.anemoi.GraphTransformerMapperBlock)
+    ]
+    assert blocks and all(block.conv.lin_edge is block.lin_edge for block in blocks)  # the fused projection
+    x = make_inputs(case, device).x
+    expected, actual = step(anemoi_model, x), step(gtnorm_model, x)
+    for a, e in zip(actual, expected, strict=True):
+        assert rel_error(a, e) <= TOL
+    first_param = len(actual) - len(names)
+    for i in trainable:
+        assert actual[first_param + i].abs().sum() > 0

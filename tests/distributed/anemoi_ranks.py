@@ -1,5 +1,6 @@
 """What each rank runs for tests/distributed/test_anemoi_sharding.py: Anemoi's processor / encoder / decoder
-(Anemoi's own, and gtnorm's drop-in) sharded over the model group, against the same module run whole.
+(Anemoi's own, and gtnorm's drop-in) sharded over the model group, against the same module run whole: a training
+step, and inference under torch.inference_mode.
 
 The sharded step feeds the module as Anemoi's model does and reduces the parameter gradients as Anemoi's
 training does (benchmarks/distributed/sharding.py); the output is gathered and every rank takes the same loss.
@@ -20,6 +21,7 @@ from tests.anemoi.setups import (
     StepResult,
     assert_steps_match,
     build_pair,
+    forward,
     make_inputs,
     rel_error,
     training_step,
@@ -98,7 +100,15 @@ def check_case(item: ShardedCase, group) -> dict:
     inputs = make_inputs(case, torch.device("cpu"), graph=random_graph(case.kind, torch.Generator().manual_seed(3)))
     whole = training_step(module, case, inputs)
     sharded = sharded_training_step(module, case, inputs, group)
+    # Inference (torch.inference_mode, eval: the processor chunks its edges and sums the chunks), whole and sharded.
+    module.eval()
+    with torch.inference_mode():
+        whole_inference = forward(module, case, inputs)
+        sharded_inference = sharded_module_output(
+            module, case.kind, inputs.x, inputs.edge_attr, inputs.edge_index, group
+        )
     result = {"error": None, "output_error": rel_error(sharded.output, whole.output)}
+    result["inference_error"] = rel_error(sharded_inference, whole_inference)
     # gtnorm's blocks took their kernels (through the interpreter), not the PyG path.
     result["gtnorm_kernels"] = item.side == "gtnorm" and triton_can_run_on(torch.device("cpu"))
     try:

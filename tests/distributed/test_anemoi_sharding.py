@@ -1,6 +1,7 @@
 """Anemoi's processor, encoder and decoder sharded over a model group of two ranks (gloo, CPU), "edges" and
 "heads" strategies: output, input gradients and every parameter gradient (after the reduction Anemoi's training
-applies) equal to the same module run whole, for gtnorm's drop-ins and, beside them, for Anemoi's own modules.
+applies), and the output of inference under torch.inference_mode, equal to the same module run whole, for
+gtnorm's drop-ins and, beside them, for Anemoi's own modules.
 
 Two processes run every case in one spawn (starting a process costs seconds of imports); gtnorm's kernels run
 through the Triton interpreter (TRITON_INTERPRET=1, set by tests/conftest.py and inherited by the processes),
@@ -31,4 +32,5 @@ def test_sharded_step_matches_whole(results, name):
         outcome = rank_results[name]
         assert outcome["error"] is None, outcome["error"]
         assert outcome["output_error"] <= TOL
+        assert outcome["inference_error"] <= TOL, outcome["inference_error"]
         assert outcome["gtnorm_kernels"] == name.endswith("-gtnorm")

@@ -1,0 +1,74 @@
+"""Anemoi's own unit tests of the graph-transformer block, processor and mappers, unchanged, with gtnorm.anemoi's
+drop-ins swapped in (tests/anemoi/upstream_swap.py): they must pass as they pass on Anemoi's own classes.
+
+The test files come from the source distribution of the installed anemoi-models version, which ``bash run.sh``
+downloads beside the environment when it installs it (``$VENV/anemoi-models-sdist``; another folder:
+``GTNORM_ANEMOI_SDIST``). They run in a separate pytest process (their conftest and module names are Anemoi's),
+on the Triton interpreter without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("anemoi.models", reason="needs anemoi-models (pip install --no-deps anemoi-models==0.19.0)")
+
+REPO = Path(__file__).resolve().parents[2]
+UPSTREAM_FILES = (
+    "tests/conftest.py",
+    "tests/layers/block/test_block_graphtransformer.py",
+    "tests/layers/processor/test_graphtransformer_processor.py",
+    "tests/layers/mapper/test_graphtransformer_mapper.py",
+)
+
+
+def upstream_sdist() -> Path:
+    version = importlib.metadata.version("anemoi-models")
+    folder = Path(os.environ.get("GTNORM_ANEMOI_SDIST", Path(sys.prefix) / "anemoi-models-sdist"))
+    path = folder / f"anemoi_models-{version}.tar.gz"
+    if not path.is_file():
+        pytest.skip(f"Anemoi's test files: {path} not found (bash run.sh downloads it when it installs)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def upstream_tests(tmp_path_factory) -> Path:
+    sdist = upstream_sdist()
+    root = tmp_path_factory.mktemp("anemoi-tests")
+    with tarfile.open(sdist) as archive:
+        prefix = archive.getnames()[0].split("/")[0]
+        for name in UPSTREAM_FILES:
+            member = archive.getmember(f"{prefix}/{name}")
+            target = root / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(archive.extractfile(member).read())
+    return root / "tests"
+
+
+def run_upstream(folder: Path, swapped: bool) -> tuple[int, dict[str, int], str]:
+    plugin = ["-p", "tests.anemoi.upstream_swap"] if swapped else []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    if not torch.cuda.is_available():
+        env.setdefault("TRITON_INTERPRET", "1")  # gtnorm's kernels through the interpreter, as this suite runs them
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=importlib",
+               "--rootdir", str(folder), *plugin, str(folder)]  # fmt: skip
+    done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=900)
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|errors?|skipped)", done.stdout)}
+    return done.returncode, counts, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_anemoi_s_own_tests_pass_with_the_drop_ins(upstream_tests):
+    rc, counts, log = run_upstream(upstream_tests, swapped=False)
+    assert rc == 0 and counts.get("passed", 0) > 0, f"Anemoi's tests on Anemoi's own classes:\n{log}"
+    rc_swapped, counts_swapped, log_swapped = run_upstream(upstream_tests, swapped=True)
+    assert rc_swapped == 0, f"Anemoi's tests with gtnorm's drop-ins:\n{log_swapped}"
+    assert counts_swapped == counts, (counts_swapped, counts)
