@@ -222,13 +222,21 @@ def attention_launch_config(
 # The fused edge projection against lin_edge materialised + the attention, fwd+bwd, H100, bf16, 16 x 64, D = 8
 # (benchmarks/NOTES.md, v18): 1.00-1.79x on every graph with 6 or more edges per destination, any norm; on the
 # decoders (3 per destination) 0.74-0.92x on r5 -> O96 and, on r6 -> O320, 1.37x without a norm, 1.00x with LayerNorm.
+# Below _PROJECTION_MIN_EDGES the calls are host-bound (level-5 / O96 graphs, ~60-170k edges): inside Anemoi's
+# blocks on an H100 the fused projection's extra launches cost more than the edge rows it saves. The level-5
+# processor (82k edges, 4 layers, fp16) ran its eager training step 11 % (LayerNorm) and 19 % (no norm) faster with
+# lin_edge materialised, compiled 4-5 % faster (benchmarks/NOTES.md, v20); the level-6 processor (328k) and the
+# O320 encoder (662k) gain from fusing (v10, v14).
 _PROJECTION_MIN_DEGREE = 6.0
+_PROJECTION_MIN_EDGES = 200_000
 _PROJECTION_MIN_EDGES_LOW_DEGREE = 1_000_000  # below the degree: only without a norm, on graphs this large
 
 
 def edge_projection_pays(num_edges: int, num_dst: int, norm: str | None) -> bool:
     """Whether the fused edge projection is measured to beat forming the edge features with a matmul and running
     the attention on them, for a graph of these sizes and a QK norm (None, "rms", "layer")."""
+    if num_edges < _PROJECTION_MIN_EDGES:
+        return False
     if num_edges >= _PROJECTION_MIN_DEGREE * max(num_dst, 1):
         return True
     return norm is None and num_edges >= _PROJECTION_MIN_EDGES_LOW_DEGREE

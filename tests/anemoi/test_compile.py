@@ -24,6 +24,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
+import gtnorm.triton.config  # noqa: E402
 from tests.anemoi.setups import (  # noqa: E402
     GRAPH_SIZES,
     Case,
@@ -72,17 +73,19 @@ def another_graph_of_the_same_shape(case: Case, inputs: Inputs, edges, seed: int
 
 
 def dense_edges(num_src: int, num_dst: int, generator: torch.Generator) -> torch.Tensor:
-    """[2, M] sorted by destination, 6 to 8 edges each: enough for the fused edge projection's dispatch rule
-    (config.edge_projection_pays), whose plan lookup is then traced too."""
+    """[2, M] sorted by destination, 6 to 8 edges each: dense enough for the fused edge projection's dispatch rule
+    (config.edge_projection_pays, its minimum graph size lowered by the test), whose plan lookup is then traced
+    too."""
     degree = torch.randint(6, 9, (num_dst,), generator=generator)
     dst = torch.arange(num_dst).repeat_interleave(degree)
     return torch.stack([torch.randint(0, num_src, (dst.numel(),), generator=generator), dst])
 
 
 @pytest.mark.parametrize("norm, edges", [("layer", dense_edges), ("off", random_edges)], ids=["layer-dense", "off"])
-def test_processor_is_one_graph_and_matches_eager(norm, edges, device):
+def test_processor_is_one_graph_and_matches_eager(norm, edges, device, monkeypatch):
     """fullgraph=True on the whole processor (checkpointing on): no break; later steps with a new edge_index tensor
     of the same graph, then of another graph of that shape, run the same compiled graph and match eager."""
+    monkeypatch.setattr(gtnorm.triton.config, "_PROJECTION_MIN_EDGES", 0)  # the rule's own tests: test_config.py
     case = Case("processor", norm=norm, num_chunks=2)  # 2 layers, one checkpoint each
     _, module = build_pair(case, "triton", device)
     counter = CompileCounterWithBackend(BACKEND)

@@ -17,6 +17,7 @@ from benchmarks.graphs.variants import (
     COMPILED_VARIANTS,
     CUDA_ONLY_VARIANTS,
     LAYER_NORM_VARIANTS,
+    PEER_VARIANTS,
     PROJECTION_VARIANTS,
     VARIANTS,
     build_variant,
@@ -44,7 +45,7 @@ def test_variants_compute_the_same_function():
     exact = cast_inputs(inputs, torch.float64)
     expected_by_norm = {"rms": outputs_and_grads("pyg", exact), "layer": outputs_and_grads("pyg_layer", exact)}
     cpu_skipped = COMPILED_VARIANTS | CUDA_ONLY_VARIANTS
-    other_functions = {"no_norm", *PROJECTION_VARIANTS}  # checked below
+    other_functions = {"no_norm", *PROJECTION_VARIANTS, *PEER_VARIANTS}  # checked below; peers need a path
     runnable = [v for v in VARIANTS if v not in other_functions and (HAS_CUDA or v not in cpu_skipped)]
     assert "fused_layer" in runnable
     for variant in runnable:

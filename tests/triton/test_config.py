@@ -13,6 +13,7 @@ from gtnorm.triton.config import (
     DEFAULT_SHARED_MEMORY,
     attention_launch_config,
     dot_width,
+    edge_projection_pays,
     node_block_shared_bytes,
     projection_launch,
 )
@@ -87,3 +88,18 @@ def test_walk_warps_grow_with_wide_heads():
     narrow, wide = attention_launch_config(16, 64), attention_launch_config(1, 4096)
     assert wide.by_destination.num_warps > narrow.by_destination.num_warps
     assert max(wide.forward.num_warps, wide.by_destination.num_warps, wide.by_source.num_warps) <= 16
+
+
+@pytest.mark.parametrize(
+    "num_edges, num_dst, norm, fused",
+    [
+        (327_660, 40_962, "layer", True),  # level-6 processor: 8 edges per node
+        (662_072, 40_962, "rms", True),  # O320 -> level-6 encoder
+        (81_900, 10_242, "layer", False),  # level-5 processor: host-bound, materialised
+        (169_420, 10_242, None, False),  # O160 -> level-5 encoder
+        (1_263_360, 421_120, "layer", False),  # level-6 -> O320 decoder: 3 edges per node, with a norm
+        (1_263_360, 421_120, None, True),  # the same without a norm
+    ],
+)
+def test_edge_projection_rule(num_edges, num_dst, norm, fused):
+    assert edge_projection_pays(num_edges, num_dst, norm) is fused
