@@ -80,17 +80,14 @@ def load_anemoi_fused_qk(path: str | Path, qk_norm: str = "rms") -> Callable:
 def anemoi_csc(edge_index, num_nodes: tuple[int, int], dst_sorted: bool | None = None):
     """Anemoi's ``edge_index_to_csc(edge_index, num_nodes, reverse=True)`` as its block calls it: (csc, perm,
     reverse). Its graph providers hand over edges sorted by destination and its block says so
-    (``edges_are_dst_sorted=True``, anemoi-models 0.19), so the CSC keeps the edge order and ``perm`` is None: the
-    edge features are used as they are, not gathered. Checked here (a host sync: call it outside timed regions);
-    anemoi-models without that argument always sort and return a permutation.
+    (``edges_are_dst_sorted``, anemoi-models 0.19), so the CSC keeps the edge order and ``perm`` is None: the edge
+    features are used as they are, not gathered. ``dst_sorted`` None: checked here with Anemoi's own check (a host
+    sync: outside timed regions).
 
     Shapes: edge_index [2, M] (src, dst)."""
+    from anemoi.models.distributed.khop_edges import is_edge_index_dst_sorted
     from anemoi.models.triton.utils import edge_index_to_csc
 
     if dst_sorted is None:
-        dst = edge_index[1]
-        dst_sorted = bool((dst[1:] >= dst[:-1]).all())
-    try:
-        return edge_index_to_csc(edge_index, num_nodes=num_nodes, reverse=True, edges_are_dst_sorted=dst_sorted)
-    except TypeError:  # anemoi-models < 0.19
-        return edge_index_to_csc(edge_index, num_nodes=num_nodes, reverse=True)
+        dst_sorted = is_edge_index_dst_sorted(edge_index)
+    return edge_index_to_csc(edge_index, num_nodes=num_nodes, reverse=True, edges_are_dst_sorted=dst_sorted)

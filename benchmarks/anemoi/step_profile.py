@@ -83,7 +83,7 @@ def profile_call(fn, device: torch.device, steps: int, warmup: int = 3) -> dict:
         "kernels": sum(e.count for e in kernels) / steps,
         "syncs": sum(e.count for e in events if e.key in SYNC_EVENTS) / steps,
         "top": [(e.key, e.device_time_total / steps / 1e3, e.count / steps) for e in top],
-        "ops": events.table(sort_by="self_cpu_time_total", row_limit=TOP_FUNCTIONS, max_name_column_width=70),
+        "events": events,  # the ops' table is formatted only when asked for (--ops)
     }
 
 
@@ -135,7 +135,10 @@ def main(argv: list[str] | None = None) -> None:
                 for key, ms, count in p["top"]:
                     print(f"    {ms:7.3f} ms  x{count:5.1f}  {key[:90]}")
                 if args.ops:
-                    print(f"torch ops over {args.steps} steps (totals):\n{p['ops']}")
+                    table = p["events"].table(
+                        sort_by="self_cpu_time_total", row_limit=TOP_FUNCTIONS, max_name_column_width=70
+                    )
+                    print(f"torch ops over {args.steps} steps (totals):\n{table}")
                 if args.python:
                     print(python_profile(fn, args.steps))
         del modules, problem

@@ -41,7 +41,7 @@ def check_anemoi_models_version(found: str) -> None:
             f"gtnorm.anemoi supports anemoi-models {supported}.x (tested with 0.19.0), found {found}: its blocks, "
             f"processor and mappers take other arguments. Install it with: pip install --no-deps anemoi-models==0.19.0"
         )
-    if release[:2] > SUPPORTED_ANEMOI_MODELS:
+    if release > SUPPORTED_ANEMOI_MODELS:
         warnings.warn(
             f"gtnorm.anemoi is tested with anemoi-models {supported}.x (0.19.0), found {found}: untested",
             stacklevel=2,
