@@ -13,14 +13,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from gtnorm._runtime import check_triton_device, triton_can_run_on, warn_auto_uses_interpreter
+from gtnorm._runtime import check_dtype, check_triton_device, triton_can_run_on, warn_auto_uses_interpreter
 from gtnorm.nn.norms import FusedNorm, apply_with_torch, check_norm_eps, fusable_norm
 from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.rmsnorm.module import RMSNorm
 from gtnorm.triton.attention import (
     LAYER_NORM_DEFAULT_EPS,
+    MAX_EDGE_FEATURES,
+    attention_on_checked_inputs,
     check_attention_tensors,
-    graph_transformer_attention,
     norm_kind,
 )
 from gtnorm.triton.layout import check_edge_index, check_edge_index_format
@@ -156,6 +157,7 @@ class GraphTransformerConv(torch.nn.Module):
             check_triton_device(device, "GraphTransformerConv(backend='triton')")
             return True
         if self.backend == "auto" and triton_can_run_on(device):
+            check_triton_device(device, "GraphTransformerConv(backend='auto')")  # the interpreter's version
             warn_auto_uses_interpreter(device)
             return True
         return False
@@ -177,18 +179,34 @@ class GraphTransformerConv(torch.nn.Module):
                 edge_attr = None
             else:
                 edge_attr = self._project_edges(edge_attr, query.shape[1])
+        self._check_kernel_dtypes(query, key, value, edge_attr, fused_q, fused_k, projection)
+        # The cached layout is built for (num_src, num_dst) on edge_index's device, and _check_inputs,
+        # fusable_norm and _uses_triton made the op's other checks.
         layout = cached_layout(edge_index, (num_src, num_dst))
-        return graph_transformer_attention(
-            query, key, value, edge_attr, layout,
-            qk_norm=fused_q.kind, q_norm_weight=fused_q.weight, q_norm_bias=fused_q.bias,
-            k_norm_weight=fused_k.weight, k_norm_bias=fused_k.bias, eps=(fused_q.eps, fused_k.eps), **projection,
+        return attention_on_checked_inputs(
+            query, key, value, edge_attr, layout, norm_kind(fused_q.kind),
+            fused_q.weight, fused_q.bias, fused_k.weight, fused_k.bias, (fused_q.eps, fused_k.eps),
+            projection.get("edge_features"), projection.get("edge_weight"), projection.get("edge_bias"), None,
         )  # fmt: skip
+
+    @staticmethod
+    def _check_kernel_dtypes(query, key, value, edge_attr, fused_q, fused_k, projection) -> None:
+        """The kernels' dtypes (float16, bfloat16, float32), which the PyG path does not need."""
+        named = {"query": query, "key": key, "value": value, "edge_attr": edge_attr}
+        if projection:  # the raw attributes and lin_edge's parameters
+            named.update({"edge_attr": projection["edge_features"], "lin_edge.weight": projection["edge_weight"]})
+            named["lin_edge.bias"] = projection["edge_bias"]
+        named.update({"q_norm.weight": fused_q.weight, "q_norm.bias": fused_q.bias})
+        named.update({"k_norm.weight": fused_k.weight, "k_norm.bias": fused_k.bias})
+        for name, t in named.items():
+            if t is not None:
+                check_dtype(name, t)
 
     def _edge_projection_fusable(self) -> bool:
         """Whether the kernels can apply lin_edge themselves: a Linear whose forward is torch.nn.Linear's (warns
-        once when not)."""
+        once when not) on at most MAX_EDGE_FEATURES inputs (wider ones are a matmul's work, run before the kernels)."""
         if type(self.lin_edge).forward is torch.nn.Linear.forward:
-            return True
+            return self.lin_edge.in_features <= MAX_EDGE_FEATURES
         key = ("lin_edge", id(self.lin_edge))
         if key not in self._warned_unfused:
             self._warned_unfused.add(key)
@@ -263,7 +281,7 @@ class GraphTransformerConv(torch.nn.Module):
         """The layer's own checks, the same for both backends, before any work; returns (N_src, N_dst).
 
         Index ranges are checked on the way (by GraphLayout or check_edge_index); dtypes the kernels do
-        not support are refused by graph_transformer_attention.
+        not support are refused by _check_kernel_dtypes on the Triton path.
         """
         check_attention_tensors(query, key, value, edge_attr if self.lin_edge is None else None)
         channels = query.shape[2]

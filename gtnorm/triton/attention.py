@@ -84,6 +84,31 @@ def graph_transformer_attention(
     params.update(k_norm_weight=k_norm_weight, k_norm_bias=k_norm_bias)
     _check_inputs(query, key, value, edge_attr, layout, kind, params)
     check_edge_projection(edge_attr, edge_features, edge_weight, edge_bias, query, layout.num_edges)
+    return attention_on_checked_inputs(
+        query, key, value, edge_attr, layout, kind, *params.values(), eps, edge_features, edge_weight, edge_bias, launch
+    )
+
+
+def attention_on_checked_inputs(
+    query: Tensor,  # [N_dst, H, C]
+    key: Tensor,  # [N_src, H, C]
+    value: Tensor,  # [N_src, H, C]
+    edge_attr: Tensor | None,  # [M, H, C]
+    layout: GraphLayout | LayoutOfEdgeIndex,
+    kind: str | None,  # norm_kind's: None, "rms" or "layer"
+    q_norm_weight: Tensor | None,  # [C]
+    q_norm_bias: Tensor | None,  # [C]
+    k_norm_weight: Tensor | None,  # [C]
+    k_norm_bias: Tensor | None,  # [C]
+    eps,
+    edge_features: Tensor | None,  # [M, D]
+    edge_weight: Tensor | None,  # [D, H * C]
+    edge_bias: Tensor | None,  # [H * C]
+    launch: AttentionLaunchConfig | None,
+) -> Tensor:  # [N_dst, H, C]
+    """graph_transformer_attention after its checks: for a caller that has made every one of them already
+    (GraphTransformerConv, whose own checks and cached layout cover them). On small graphs a call is host-bound,
+    and checking twice cost ~7 % of an eager forward+backward's host time (benchmarks/NOTES.md, v21)."""
     eps_q, eps_k = resolve_norm_eps(eps, kind, query.dtype, key.dtype)
     # A plan passed in keeps the projection fused (sweeps and tests run the kernels whatever the rule picks).
     if launch is None and not fuses_edge_projection(query, edge_features, edge_bias, layout, kind):
@@ -97,7 +122,9 @@ def graph_transformer_attention(
     if edge_weight is not None and edge_weight.stride(1) != 1:
         edge_weight = edge_weight.contiguous()
     projection = [edge_weight, edge_bias.contiguous() if edge_bias is not None else None]
-    norm_params = [p.contiguous() if p is not None else None for p in params.values()]
+    norm_params = [
+        p.contiguous() if p is not None else None for p in (q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias)
+    ]
     out, *_ = graph_attention(
         *operands, *projection, *norm_params, list(layout.tensors()), kind or "none", eps_q, eps_k, launch=launch
     )

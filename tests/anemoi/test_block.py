@@ -27,13 +27,13 @@ def gtnorm_blocks(module):
 def kernel_calls(monkeypatch):
     """Counts calls of gtnorm's fused op by the layer."""
     calls = []
-    op = gtnorm.nn.conv.graph_transformer_attention
+    op = gtnorm.nn.conv.attention_on_checked_inputs
 
     def counting(*args, **kwargs):
         calls.append(1)
         return op(*args, **kwargs)
 
-    monkeypatch.setattr(gtnorm.nn.conv, "graph_transformer_attention", counting)
+    monkeypatch.setattr(gtnorm.nn.conv, "attention_on_checked_inputs", counting)
     return calls
 
 

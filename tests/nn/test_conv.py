@@ -20,6 +20,7 @@ import torch
 import gtnorm
 import gtnorm.nn.conv as conv_module
 from gtnorm.nn.conv import GraphTransformerConv
+from gtnorm.triton.attention import MAX_EDGE_FEATURES
 from gtnorm.triton.layout_cache import clear_layout_cache
 from tests.conftest import DEVICE, HAS_CUDA
 from tests.graphs import GRAPH_BUILDERS, SmallGraph, key_bias_error, make_graph, random_inputs, rel_error
@@ -267,7 +268,7 @@ def test_module_copies_after_use():
 def test_auto_uses_triton_exactly_where_it_can_run(monkeypatch, triton_runs):
     calls = []
     monkeypatch.setattr(conv_module, "triton_can_run_on", lambda device: triton_runs)
-    monkeypatch.setattr(conv_module, "graph_transformer_attention", lambda *a, **k: calls.append("triton"))
+    monkeypatch.setattr(conv_module, "attention_on_checked_inputs", lambda *a, **k: calls.append("triton"))
     monkeypatch.setattr(
         conv_module, "reference_graph_transformer_attention", lambda *a, **k: calls.append("pyg") or a[0]
     )
@@ -403,11 +404,28 @@ def test_bad_input_raises_before_any_work(case, backend, monkeypatch):
     kwargs = dict(inputs, edge_index=graph.edge_index.to(DEVICE), size=(graph.num_src, graph.num_dst))
     change(kwargs)
     work = []
-    monkeypatch.setattr(conv_module, "graph_transformer_attention", lambda *a, **k: work.append("triton"))
+    monkeypatch.setattr(conv_module, "attention_on_checked_inputs", lambda *a, **k: work.append("triton"))
     monkeypatch.setattr(conv_module, "reference_graph_transformer_attention", lambda *a, **k: work.append("pyg"))
     with pytest.raises(exc, match=fragment):
         make_conv(8, backend=backend)(**kwargs)
     assert work == []
+
+
+@pytest.mark.parametrize("what", ["query", "edge_attr", "q_norm.weight", "lin_edge.weight"])
+def test_dtypes_the_kernels_lack_raise_before_any_work(what, monkeypatch):
+    """float64 is valid on the PyG path; the Triton path refuses it by name (the layer checks, not the op)."""
+    graph = make_graph("encoder_like", seed=15)
+    lin_edge = what == "lin_edge.weight"
+    conv = make_projection_conv(8, 2, 3) if lin_edge else make_conv(8, backend="triton")
+    inputs = projection_inputs(graph, 2, 8, 3) if lin_edge else make_inputs(graph, 2, 8)
+    inputs = {k: v.to(DEVICE, torch.float32) for k, v in inputs.items() if v is not None}
+    if what in inputs:
+        inputs[what] = inputs[what].double()
+    else:
+        conv.get_parameter(what).data = conv.get_parameter(what).data.double()
+    monkeypatch.setattr(conv_module, "attention_on_checked_inputs", lambda *a, **k: pytest.fail("ran the op"))
+    with pytest.raises(TypeError, match=f"{what} must be float16, bfloat16 or float32"):
+        run_conv(conv, inputs, graph)
 
 
 def test_norm_weights_on_another_device_raise():
@@ -651,6 +669,18 @@ def test_lin_edge_backends_match(bias, linear):
         assert_same_function(conv, reference, graph, inputs)
     with warnings_as_errors():  # once per module
         run_conv(conv, {k: v.to(DEVICE, torch.float32) for k, v in inputs.items() if v is not None}, graph)
+
+
+def test_wide_lin_edge_runs_before_the_kernels():
+    """More raw attributes than the fused projection takes (MAX_EDGE_FEATURES): lin_edge runs as a matmul, the
+    same function as the PyG backend, without a warning."""
+    edge_dim = MAX_EDGE_FEATURES + 3
+    graph = make_graph("encoder_like", seed=6)
+    conv = make_projection_conv(4, 2, edge_dim)
+    reference = copy.deepcopy(conv).to(device="cpu", dtype=torch.float64)
+    reference.backend = "pyg"
+    with warnings_as_errors():
+        assert_same_function(conv, reference, graph, projection_inputs(graph, 2, 4, edge_dim))
 
 
 def test_lin_edge_is_fused(monkeypatch):
