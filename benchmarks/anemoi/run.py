@@ -180,6 +180,7 @@ def inference_call(module: torch.nn.Module, problem: Problem, dtype: torch.dtype
     registered = is_gtnorm(module)
 
     def infer():
+        torch.compiler.cudagraph_mark_step_begin()  # mode="reduce-overhead": a new step may reuse graph outputs
         module.eval()
         with torch.inference_mode(), torch.autocast(device.type, dtype=dtype):
             return problem.forward(module, problem.new_edge_index(registered))
@@ -192,6 +193,9 @@ def training_call(module: torch.nn.Module, problem: Problem, dtype: torch.dtype,
     registered = is_gtnorm(module)
 
     def train_step():
+        # mode="reduce-overhead": each step starts a new CUDA-graph generation, whose outputs may overwrite the last
+        # step's (without it the second step fails on both sides); no effect in the other modes or eager.
+        torch.compiler.cudagraph_mark_step_begin()
         module.train()
         with torch.autocast(device.type, dtype=dtype):
             out = problem.forward(module, problem.new_edge_index(registered))

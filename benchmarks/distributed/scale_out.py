@@ -11,7 +11,7 @@ How (benchmarks/NOTES.md, "Scale-out plan", says why):
   Two hidden-node orders: the mesh's own (coarse levels first, as refinement appends nodes) and a locality
   order (hidden nodes renumbered along a Morton curve of latitude / longitude).
 - Time and memory per GPU come from the H100 measurements of one module on the whole level-6 graph
-  (benchmarks/results/h100-2026-11-23-v6: gtnorm, LayerNorm QK norm, bf16, gradient checkpointing), split into
+  (benchmarks/NOTES.md v6: gtnorm, LayerNorm QK norm, bf16, gradient checkpointing), split into
   a part per destination node, per source node and per edge, and scaled by each GPU's share.
 - Communication: bytes each GPU sends per step over an assumed all-to-all bandwidth per GPU.
 """
@@ -44,7 +44,7 @@ DST_MMAC = {"encoder": 3 * _SQ + 2 * MLP_RATIO * _SQ, "processor": 3 * _SQ + 2 *
 DST_MMAC["decoder"] = DST_MMAC["encoder"] + CHANNELS * DATA_VARS / 1e6
 SRC_MMAC = {"encoder": 2 * _SQ + DATA_VARS * CHANNELS / 1e6, "processor": 2 * _SQ, "decoder": 2 * _SQ}
 
-# H100 (benchmarks/results/h100-2026-11-23-v6), gtnorm, LayerNorm QK norm, bf16, one module on the level-6
+# H100 (benchmarks/NOTES.md v6), gtnorm, LayerNorm QK norm, bf16, one module on the level-6
 # graph, batch 1, checkpointing on: training step ms and extra peak MiB (anemoi-bf16/results.json; the
 # processor's are of 2 layers); attention kernel ms per call, forward + (forward + backward) for the
 # checkpoint's recomputation (results.json, variant fused_layer). Graph sizes (N_src, N_dst, M) of r6.

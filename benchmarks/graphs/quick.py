@@ -21,8 +21,8 @@ from benchmarks.graphs.report import MODES
 from benchmarks.graphs.variants import build_variant, make_inputs
 
 REPO = Path(__file__).resolve().parents[2]
-# The latest committed full-suite GPU run: what quick mode and the README show. Update both with a new run.
-COMMITTED_GPU_RESULTS = REPO / "benchmarks" / "results" / "h100-2026-11-21-v5"
+# The committed GPU run of this benchmark: what quick mode and the README show (python -m benchmarks.report).
+COMMITTED_GPU_RESULTS = REPO / "benchmarks" / "results" / "h100" / "graphs"
 PYG_TIMED_CALLS = 10  # CPU default: median of this many calls of the PyG path (milliseconds each on tiny graphs)
 
 INTRO = """\
@@ -154,8 +154,9 @@ def committed_gpu_summary(folder: Path = COMMITTED_GPU_RESULTS) -> str:
         "Times in ms, forward / forward+backward:",
         "",
         "| graph | nodes (src → dst) | edges | pyg | pyg compiled | unfused | fused | fused speedup over pyg "
-        "compiled | fused % of HBM floor | extra memory fwd+bwd, MiB: pyg compiled / fused |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "compiled | fused % of HBM floor | extra memory fwd+bwd, MiB: pyg compiled / fused | LayerNorm: "
+        "fused_layer speedup over anemoi_layer |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for g in results["graphs"]:
         v = g["variants"]
@@ -165,19 +166,26 @@ def committed_gpu_summary(folder: Path = COMMITTED_GPU_RESULTS) -> str:
         speedup = " / ".join(_factor(g["fused_speedup"]["pyg_compiled"][mode]) for mode in MODES)
         floor = " / ".join(f"{g['fused_pct_of_floor'][mode]:.0f}%" for mode in MODES)
         memory = f"{v['pyg_compiled']['fwd_bwd']['extra_mib']:.0f} / {v['fused']['fwd_bwd']['extra_mib']:.0f}"
+        layer = " / ".join(_factor(_over(v, "anemoi_layer", "fused_layer", mode)) for mode in MODES)
         lines.append(
             f"| {g['name']} ({g['kind']}) | {g['num_src']:,} → {g['num_dst']:,} | {g['num_edges']:,} | "
             + " | ".join(times)
-            + f" | {speedup} | {floor} | {memory} |"
+            + f" | {speedup} | {floor} | {memory} | {layer} |"
         )
     lines += [
         "",
         "pyg: torch.nn.RMSNorm + PyG MessagePassing (eager; compiled: torch.compile); unfused: gtnorm.rms_norm + "
         "the attention kernels without the norm; fused: the norm inside the attention kernels. % of HBM floor: "
         "the time it takes to move every byte that must move once at the measured copy bandwidth, over the "
-        "fused time.",
+        "fused time. anemoi_layer: torch's LayerNorm on q and k + Anemoi's Triton kernel; fused_layer: gtnorm with "
+        "the LayerNorm inside its kernels.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _over(variants: dict, slower: str, faster: str, mode: str) -> float | None:
+    a, b = variants.get(slower, {}).get(mode, {}), variants.get(faster, {}).get(mode, {})
+    return a["ms"] / b["ms"] if a.get("status") == "ok" and b.get("status") == "ok" else None
 
 
 def _ms(measured: dict) -> str:

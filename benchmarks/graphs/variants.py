@@ -41,7 +41,8 @@ DESCRIPTIONS = {
     "unfused_layer": "eager F.layer_norm on q, k + gtnorm.graph_transformer_attention(qk_norm=False)",
     "unfused_compiled_layer": "torch.compile'd F.layer_norm on q, k + gtnorm's kernels with qk_norm=False",
     "anemoi_layer": "eager F.layer_norm on q, k + Anemoi's Triton kernel (anemoi.models.triton.gt), CSC built once "
-    "outside the timed region, edge features gathered into CSC order inside it (as Anemoi's block does)",
+    "outside the timed region, edge features gathered into CSC order inside it only where the edges are not "
+    "sorted by destination (as Anemoi's block does)",
     "fused_layer": "gtnorm.graph_transformer_attention(qk_norm='layer'): LayerNorm (weight, bias) inside the kernels",
     "no_norm": "gtnorm.graph_transformer_attention(qk_norm=False) on the raw q, k: the same kernels without the "
     "norm, so another function (not in the accuracy check); what the fused norm's cost is measured against",

@@ -2,15 +2,12 @@
 summary it prints, which the README shows too."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from benchmarks.graphs import quick, run
-from benchmarks.graphs.quick import COMMITTED_GPU_RESULTS, committed_gpu_summary
+from benchmarks.graphs.quick import committed_gpu_summary
 from tests.benchmarks.test_harness import NUM_DST, NUM_SRC, smoke_graph
-
-README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_quick_mode_checks_the_fused_op_and_times_pyg(tmp_path, monkeypatch, capsys):
@@ -32,17 +29,6 @@ def test_quick_mode_checks_the_fused_op_and_times_pyg(tmp_path, monkeypatch, cap
     assert "| smoke | encoder |" in printed and "| smoke | encoder |" in (tmp_path / "results.md").read_text()
     assert committed_gpu_summary() in printed
     assert not (tmp_path / "results.png").exists()
-
-
-def test_readme_shows_the_committed_gpu_summary():
-    """The README's results table is committed_gpu_summary() of the latest committed run (and its plot): after a
-    new GPU run, point COMMITTED_GPU_RESULTS at it and paste the new summary into the README."""
-    readme = README.read_text()
-    table = [line for line in committed_gpu_summary().splitlines() if line.startswith("|")]
-    assert len(table) == 2 + len(json.loads((COMMITTED_GPU_RESULTS / "results.json").read_text())["graphs"])
-    for line in table:
-        assert line in readme, f"README.md lacks the committed results row: {line}"
-    assert f"({COMMITTED_GPU_RESULTS.relative_to(README.parent).as_posix()}/results.png)" in readme
 
 
 @pytest.mark.parametrize("argv", [["--quick"], ["--no-quick"]])

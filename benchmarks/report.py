@@ -1,0 +1,198 @@
+"""The report command: the README's result tables and its figure, from the committed results.
+
+    python -m benchmarks.report            # rewrite the README's generated sections and the figure
+    python -m benchmarks.report --check    # exit 1 where the README and the results disagree (CI's test)
+
+One results folder per device and kind of run (``benchmarks/results/<device>/<kind>/``, each with a README that
+names command and code); a new run replaces its folder, then this command brings the README up to date. The
+README's generated sections sit between ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.anemoi.report import best_speedup, memory_saving, speedup
+from benchmarks.graphs.quick import COMMITTED_GPU_RESULTS, REPO, committed_gpu_summary
+
+RESULTS = REPO / "benchmarks" / "results"
+IN_BLOCK = RESULTS / "h100" / "anemoi"
+SEVERAL_GPUS = RESULTS / "h200x2" / "distributed"
+FIGURE = RESULTS / "h100" / "speedup.png"
+README = REPO / "README.md"
+NORM_NAMES = {"layer": "LayerNorm", "rms": "RMSNorm", "off": "off"}
+
+
+def _load(folder: Path) -> dict:
+    return json.loads((folder / "results.json").read_text())
+
+
+def _x(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.0f}%"
+
+
+def _ms(row: dict, side: str, mode: str) -> str:
+    measured = row.get(side, {}).get(mode, {})
+    return f"{measured['ms']:.1f}" if measured.get("status") == "ok" else measured.get("status", "–").split(":")[0]
+
+
+def in_block_table(folder: Path = IN_BLOCK) -> str:
+    """Anemoi's modules, eager and compiled on both sides: speed-ups and the training step's memory saving."""
+    results = _load(folder)
+    meta = results["meta"]
+    model = meta["model"]
+    lines = [
+        f"{meta['device']}, anemoi-models {meta['anemoi_models']}, torch {meta['torch'].split('+')[0]}; "
+        f"{model['num_channels']} channels, {model['num_heads']} heads, {model['processor_layers']}-layer "
+        f"processor, batch {meta['batch_size']}, checkpointing {'on' if meta['gradient_checkpointing'] else 'off'}, "
+        f"torch.compile mode {meta['compile_mode']}, medians of {meta['rounds']} alternating rounds; from "
+        f"{folder.relative_to(REPO).as_posix()}/. Speed-up = Anemoi's time / gtnorm's; best = each side's faster "
+        "mode. Training step ms, Anemoi → gtnorm, eager and compiled:",
+        "",
+        "| module | QK norm | autocast | step eager | step compiled | step ×, eager / compiled / best "
+        "| inference ×, eager / compiled / best | memory saved (step, eager / compiled) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in results["rows"]:
+        modes = {}
+        for mode in ("train", "infer"):
+            compiled = speedup(row, mode, "anemoi_compiled", "gtnorm_compiled")
+            modes[mode] = f"{_x(speedup(row, mode))} / {_x(compiled)} / {_x(best_speedup(row, mode))}"
+        memory = f"{_pct(memory_saving(row, 'train'))} / "
+        memory += _pct(memory_saving(row, "train", "anemoi_compiled", "gtnorm_compiled"))
+        lines.append(
+            f"| {row['module']} | {NORM_NAMES[row['norm']]} | {row['dtype']} "
+            f"| {_ms(row, 'anemoi', 'train')} → {_ms(row, 'gtnorm', 'train')} "
+            f"| {_ms(row, 'anemoi_compiled', 'train')} → {_ms(row, 'gtnorm_compiled', 'train')} "
+            f"| {modes['train']} | {modes['infer']} | {memory} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def several_gpus_table(folder: Path = SEVERAL_GPUS) -> str:
+    """Training steps on 1 and 2 GPUs, both sharding strategies, Anemoi against gtnorm."""
+    results = _load(folder)
+    meta = results["meta"]
+    checks = results["checks"]
+    worst = max(c["max_rel_error"] for c in checks)
+    passed = sum(c["ok"] for c in checks)
+    lines = [
+        f"{meta['gpus']} x {meta['device']} ({meta['backend']}), {meta['dtype']}, {NORM_NAMES[meta['norm']]} QK "
+        f"norm, {meta['model']['processor_layers']}-layer processor; from {folder.relative_to(REPO).as_posix()}/: "
+        f"{passed} of {len(checks)} sharded-against-whole checks pass (largest relative error {worst:.1e}).",
+        "",
+        "| GPUs, strategy | Anemoi | gtnorm | peak memory per GPU, Anemoi / gtnorm (GiB) | scaling efficiency, "
+        "Anemoi / gtnorm |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    rows = {(r["gpus"], r["strategy"], r["side"]): r for r in results["rows"] if r["status"] == "ok"}
+    for gpus, strategy in sorted({(g, s) for g, s, _ in rows}):
+        if gpus == 1 and strategy != "edges":
+            continue  # one GPU: the strategy does nothing
+        anemoi, gtnorm = rows.get((gpus, strategy, "anemoi")), rows.get((gpus, strategy, "gtnorm"))
+        if anemoi is None or gtnorm is None:
+            continue
+        label = str(gpus) if gpus == 1 else f"{gpus}, {strategy}"
+        efficiency = "–" if gpus == 1 else f"{anemoi['efficiency']:.2f} / {gtnorm['efficiency']:.2f}"
+        lines.append(
+            f"| {label} | {anemoi['ms']:.1f} ms | {gtnorm['ms']:.1f} ms ({anemoi['ms'] / gtnorm['ms']:.2f}×) "
+            f"| {anemoi['peak_mib'] / 1024:.1f} / {gtnorm['peak_mib'] / 1024:.1f} | {efficiency} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def sections() -> dict[str, str]:
+    return {
+        "kernel": committed_gpu_summary(COMMITTED_GPU_RESULTS),
+        "in-block": in_block_table(),
+        "several-gpus": several_gpus_table(),
+    }
+
+
+def readme_with(text: str, generated: dict[str, str]) -> str:
+    """``text`` with every generated section replaced; a missing marker is a ValueError."""
+    for name, body in generated.items():
+        start, end = f"<!-- report:{name} -->\n", f"<!-- /report:{name} -->"
+        if start not in text or end not in text:
+            raise ValueError(f"README.md lacks the markers of the generated section {name!r}: {start.strip()}")
+        head, rest = text.split(start, 1)
+        _, tail = rest.split(end, 1)
+        text = head + start + body + end + tail
+    return text
+
+
+def speedup_points() -> dict[str, list[tuple[int, float]]]:
+    """(edges, gtnorm's speed-up over Anemoi) per series: the bare op with LayerNorm (against torch's LayerNorm +
+    Anemoi's kernel) and with RMSNorm (against Anemoi's fused-QK-norm kernel), and the in-block LayerNorm rows,
+    eager against eager and compiled against compiled (training step)."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for graph in _load(COMMITTED_GPU_RESULTS)["graphs"]:
+        variants = graph["variants"]
+        for label, anemoi, gtnorm in (
+            ("bare op, LayerNorm (vs LayerNorm + Anemoi's kernel)", "anemoi_layer", "fused_layer"),
+            ("bare op, RMSNorm (vs Anemoi's fused-QK kernel)", "anemoi_fused_qk", "fused"),
+        ):
+            a, g = variants.get(anemoi, {}).get("fwd_bwd", {}), variants.get(gtnorm, {}).get("fwd_bwd", {})
+            if a.get("status") == "ok" and g.get("status") == "ok":
+                series.setdefault(label, []).append((graph["num_edges"], a["ms"] / g["ms"]))
+    for row in _load(IN_BLOCK)["rows"]:
+        if row["norm"] != "layer":
+            continue
+        for label, sides in (
+            ("in Anemoi's modules, eager step", ("anemoi", "gtnorm")),
+            ("in Anemoi's modules, compiled step", ("anemoi_compiled", "gtnorm_compiled")),
+        ):
+            value = speedup(row, "train", *sides)
+            if value is not None:
+                series.setdefault(label, []).append((row["edges"], value))
+    return {label: sorted(points) for label, points in series.items()}
+
+
+def write_figure(path: Path = FIGURE) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for (label, points), marker in zip(speedup_points().items(), "osD^", strict=False):
+        ax.plot(*zip(*points, strict=True), marker=marker, linestyle="none", markersize=7, label=label)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("edges in the graph (level 5 / O96 on the left, level 6 / O320 and the DOP encoder on the right)")
+    ax.set_ylabel("gtnorm's speed-up over Anemoi (x)")
+    ax.set_title(f"gtnorm against Anemoi, forward+backward, {_load(IN_BLOCK)['meta']['device']}")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only compare the README with the results")
+    args = parser.parse_args(argv)
+    text = README.read_text()
+    updated = readme_with(text, sections())
+    if args.check:
+        if updated != text:
+            print("README.md's generated sections differ from the results: run python -m benchmarks.report")
+            return 1
+        print("README.md agrees with the committed results")
+        return 0
+    README.write_text(updated)
+    write_figure()
+    print(f"wrote {README.relative_to(REPO)} and {FIGURE.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
