@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.anemoi.report import best_speedup, memory_saving, speedup
+from benchmarks.anemoi.report import _measured, best_speedup, memory_saving, speedup
 from benchmarks.graphs.quick import COMMITTED_GPU_RESULTS, REPO, committed_gpu_summary
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -39,8 +39,7 @@ def _pct(value: float | None) -> str:
 
 
 def _ms(row: dict, side: str, mode: str) -> str:
-    measured = row.get(side, {}).get(mode, {})
-    return f"{measured['ms']:.1f}" if measured.get("status") == "ok" else measured.get("status", "–").split(":")[0]
+    return _measured(row, side, mode, "ms", ".1f")
 
 
 def in_block_table(folder: Path = IN_BLOCK) -> str:

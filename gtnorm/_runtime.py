@@ -67,13 +67,7 @@ TRITON_VERSION = tuple(int(part) for part in importlib.metadata.version("triton"
 def check_triton_device(device: torch.device, what: str) -> None:
     """Raises a RuntimeError saying why, unless the Triton kernels can run on ``device`` tensors now."""
     if triton_can_run_on(device):
-        if interpreter_active() and TRITON_VERSION < INTERPRETER_MIN_TRITON:
-            need = ".".join(map(str, INTERPRETER_MIN_TRITON))
-            raise RuntimeError(
-                f"{what}: the Triton interpreter of triton {'.'.join(map(str, TRITON_VERSION))} cannot run "
-                f"gtnorm's kernels (their loops run over loaded bounds); it needs triton >= {need}. Install a newer "
-                "triton, run on a CUDA GPU, or use the PyG/torch path"
-            )
+        check_interpreter_version(what)
         return
     if _mode_changed_after_definition():
         was, now = ("1", "unset or 0") if kernels_interpreted() else ("unset or 0", "1")
@@ -89,6 +83,18 @@ def check_triton_device(device: torch.device, what: str) -> None:
             "interpreter (set TRITON_INTERPRET=1 before gtnorm's kernels are first used), or use the PyG/torch path"
         )
     raise RuntimeError(f"{what}: tensors on {device} cannot run the Triton kernels here")
+
+
+def check_interpreter_version(what: str) -> None:
+    """Raises a RuntimeError where the Triton interpreter is asked for but its triton cannot run the kernels (for a
+    caller that knows the kernels can run on its device: triton_can_run_on)."""
+    if interpreter_active() and TRITON_VERSION < INTERPRETER_MIN_TRITON:
+        need = ".".join(map(str, INTERPRETER_MIN_TRITON))
+        raise RuntimeError(
+            f"{what}: the Triton interpreter of triton {'.'.join(map(str, TRITON_VERSION))} cannot run "
+            f"gtnorm's kernels (their loops run over loaded bounds); it needs triton >= {need}. Install a newer "
+            "triton, run on a CUDA GPU, or use the PyG/torch path"
+        )
 
 
 _warned_interpreter_auto = False

@@ -13,7 +13,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from gtnorm._runtime import check_dtype, check_triton_device, triton_can_run_on, warn_auto_uses_interpreter
+from gtnorm._runtime import (
+    check_dtype,
+    check_interpreter_version,
+    check_triton_device,
+    triton_can_run_on,
+    warn_auto_uses_interpreter,
+)
 from gtnorm.nn.norms import FusedNorm, apply_with_torch, check_norm_eps, fusable_norm
 from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.rmsnorm.module import RMSNorm
@@ -157,7 +163,7 @@ class GraphTransformerConv(torch.nn.Module):
             check_triton_device(device, "GraphTransformerConv(backend='triton')")
             return True
         if self.backend == "auto" and triton_can_run_on(device):
-            check_triton_device(device, "GraphTransformerConv(backend='auto')")  # the interpreter's version
+            check_interpreter_version("GraphTransformerConv(backend='auto')")
             warn_auto_uses_interpreter(device)
             return True
         return False
@@ -169,38 +175,31 @@ class GraphTransformerConv(torch.nn.Module):
             fused_q = fused_k = FusedNorm(False, None, None, None)
         else:
             fused_q, fused_k = fused
-        projection = {}
+        edge_features = edge_weight = edge_bias = None
         if self.lin_edge is not None:
             if self._edge_projection_fusable():
                 # Linear keeps its weight as [H * C, D]: the op takes the transposed view.
-                projection = dict(
-                    edge_features=edge_attr, edge_weight=self.lin_edge.weight.t(), edge_bias=self.lin_edge.bias
-                )
+                edge_features, edge_weight, edge_bias = edge_attr, self.lin_edge.weight.t(), self.lin_edge.bias
                 edge_attr = None
             else:
                 edge_attr = self._project_edges(edge_attr, query.shape[1])
-        self._check_kernel_dtypes(query, key, value, edge_attr, fused_q, fused_k, projection)
-        # The cached layout is built for (num_src, num_dst) on edge_index's device, and _check_inputs,
-        # fusable_norm and _uses_triton made the op's other checks.
-        layout = cached_layout(edge_index, (num_src, num_dst))
-        return attention_on_checked_inputs(
-            query, key, value, edge_attr, layout, norm_kind(fused_q.kind),
-            fused_q.weight, fused_q.bias, fused_k.weight, fused_k.bias, (fused_q.eps, fused_k.eps),
-            projection.get("edge_features"), projection.get("edge_weight"), projection.get("edge_bias"), None,
-        )  # fmt: skip
-
-    @staticmethod
-    def _check_kernel_dtypes(query, key, value, edge_attr, fused_q, fused_k, projection) -> None:
-        """The kernels' dtypes (float16, bfloat16, float32), which the PyG path does not need."""
-        named = {"query": query, "key": key, "value": value, "edge_attr": edge_attr}
-        if projection:  # the raw attributes and lin_edge's parameters
-            named.update({"edge_attr": projection["edge_features"], "lin_edge.weight": projection["edge_weight"]})
-            named["lin_edge.bias"] = projection["edge_bias"]
+        # The kernels' dtypes (float16, bfloat16, float32), which the PyG path does not need; the op's other checks
+        # are made: _check_inputs, fusable_norm and _uses_triton, and the cached layout is built for
+        # (num_src, num_dst) on edge_index's device.
+        named = {"query": query, "key": key, "value": value}
+        named.update({"edge_attr": edge_attr if edge_features is None else edge_features})
+        named.update({"lin_edge.weight": edge_weight, "lin_edge.bias": edge_bias})
         named.update({"q_norm.weight": fused_q.weight, "q_norm.bias": fused_q.bias})
         named.update({"k_norm.weight": fused_k.weight, "k_norm.bias": fused_k.bias})
         for name, t in named.items():
             if t is not None:
                 check_dtype(name, t)
+        layout = cached_layout(edge_index, (num_src, num_dst))
+        return attention_on_checked_inputs(
+            query, key, value, edge_attr, layout, fused_q.kind or None,
+            fused_q.weight, fused_q.bias, fused_k.weight, fused_k.bias, (fused_q.eps, fused_k.eps),
+            edge_features, edge_weight, edge_bias, None,
+        )  # fmt: skip
 
     def _edge_projection_fusable(self) -> bool:
         """Whether the kernels can apply lin_edge themselves: a Linear whose forward is torch.nn.Linear's (warns
@@ -281,7 +280,7 @@ class GraphTransformerConv(torch.nn.Module):
         """The layer's own checks, the same for both backends, before any work; returns (N_src, N_dst).
 
         Index ranges are checked on the way (by GraphLayout or check_edge_index); dtypes the kernels do
-        not support are refused by _check_kernel_dtypes on the Triton path.
+        not support are refused on the Triton path (_forward_triton).
         """
         check_attention_tensors(query, key, value, edge_attr if self.lin_edge is None else None)
         channels = query.shape[2]
