@@ -219,16 +219,24 @@ def attention_backward(
     # programs add their own partial rows after the by-destination pass's.
     q_partial_rows = dst_programs * by_dst.head_groups
     q_partial_rows += projection.partial_rows(num_dst, num_heads, head_dim) if edge_proj and normed else 0
-    scratch = [(num_edges, num_heads), (num_edges, num_heads), (num_dst, num_heads)]  # attn, dS, delta
-    scratch += [(q_partial_rows, q_partial_width), (src_programs * by_src.head_groups, k_partial_width)]
+    k_partial_rows = src_programs * by_src.head_groups
+    # attn [M, H], dS [M, H], delta [N_dst, H], the partial rows [rows, width].
+    scratch = [num_edges * num_heads, num_edges * num_heads, num_dst * num_heads]
+    scratch += [q_partial_rows * q_partial_width, k_partial_rows * k_partial_width]
     # With the edge projection, per destination: P = sum a x and S = sum dS x / sqrt(C) over its edges
     # (backward_kernels.py), and dO projected onto the edge weights. Scratch that a call does not use is not
     # allocated: the kernels get another fp32 tensor's pointer there, never read (_or).
     if edge_proj:
         extended_dim = extended_dim_of(edge_features, edge_bias)
-        scratch += [(num_dst, 2, num_heads, extended_dim), (num_dst, num_heads, extended_dim)]
+        scratch += [num_dst * 2 * num_heads * extended_dim, num_dst * num_heads * extended_dim]
     attn, grad_attn, delta, q_partial, k_partial, *projection_scratch = _fp32_scratch(device, scratch)
-    feature_sums, grad_out_proj = projection_scratch or (None, None)
+    q_partial = _shaped(q_partial, q_partial_rows, q_partial_width)
+    k_partial = _shaped(k_partial, k_partial_rows, k_partial_width)
+    feature_sums = grad_out_proj = None
+    if edge_proj:  # shaped where they are indexed
+        attn, grad_attn = _shaped(attn, num_edges, num_heads), _shaped(grad_attn, num_edges, num_heads)
+        feature_sums = _shaped(projection_scratch[0], num_dst, 2, num_heads, extended_dim)
+        grad_out_proj = _shaped(projection_scratch[1], num_dst, num_heads, extended_dim)
     flags = dict(
         HAS_EDGE_ATTR=has_edge_attr,
         **_norm_flags(qk_norm, q_norm_weight, q_norm_bias, k_norm_weight),
@@ -352,24 +360,25 @@ def _norm_flags(qk_norm: str, q_weight, q_bias, k_weight) -> dict:
 _SCRATCH_ALIGN = 128
 
 
-def _fp32_scratch(device: torch.device, shapes: list[tuple[int, ...]]) -> list[Tensor]:
-    """Contiguous fp32 scratch tensors of these shapes, views of one allocation: on the small graphs' path every
-    allocation costs ~10 us of host time per call (benchmarks/NOTES.md, v14), a view a fraction of that."""
-    starts, total = [], 0
-    for shape in shapes:
-        starts.append(total)
-        total += cdiv(math.prod(shape), _SCRATCH_ALIGN) * _SCRATCH_ALIGN
-    buffer = new_output((total,), torch.float32, device)
-    pieces = zip(shapes, starts, strict=True)
-    return [buffer.as_strided(shape, _contiguous_strides(shape), start) for shape, start in pieces]
+def _fp32_scratch(device: torch.device, sizes: list[int]) -> list[Tensor]:
+    """Flat fp32 scratch tensors of these sizes, pieces of one allocation cut by one split: on the small graphs'
+    path every allocation costs ~10 us of host time per call (benchmarks/NOTES.md, v14), and a view op a few (a
+    shaped view per piece cost 30 of a 330 us eager forward+backward on the CPU harness, v22). The pieces are flat
+    and padded (_SCRATCH_ALIGN): the kernels read them through their pointers; the caller shapes the few it
+    indexes (_shaped)."""
+    padded = [cdiv(size, _SCRATCH_ALIGN) * _SCRATCH_ALIGN for size in sizes]
+    return list(new_output((sum(padded),), torch.float32, device).split_with_sizes(padded))
 
 
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def _shaped(piece: Tensor, *shape: int) -> Tensor:
+    """The first elements of a scratch piece as a contiguous tensor of this shape."""
+    if len(shape) == 2:  # the partial rows of every call: the strides without a loop
+        return piece.as_strided(shape, (shape[1], 1))
     strides, step = [], 1
     for size in reversed(shape):
         strides.append(step)
         step *= max(size, 1)
-    return tuple(reversed(strides))
+    return piece.as_strided(shape, strides[::-1])
 
 
 def _zero_rows(tensors: tuple[Tensor, ...], rows: Tensor) -> None:
@@ -380,24 +389,24 @@ def _zero_rows(tensors: tuple[Tensor, ...], rows: Tensor) -> None:
 
 
 def _param_grads(weight: Tensor | None, bias: Tensor | None, partial: Tensor, computed: bool, device):
-    """(d weight, d bias) from the [weight | bias] partial rows: one column sum for both; None for an absent one."""
+    """(d weight, d bias) from the [weight | bias] partial rows [rows, width]: one column sum for both, cast once,
+    handed out as two views of it (a copy each cost ~15 us of host time, v22; the custom op copies them, as its
+    outputs may not alias: _attention_backward_op); None for an absent one."""
     if weight is None and bias is None:
         return None, None
-    sums = None
-    if computed and partial.shape[1]:
-        sums = column_sum(partial, column_sum_launch(partial.shape[0], partial.shape[1], device))
-    if sums is None:  # the parameters exist but took no part (qk_norm off, or the key bias): exactly 0
+    if not computed or not partial.shape[1]:  # the parameters exist but took no part (qk_norm off, or the key bias)
         return tuple(torch.zeros_like(p) if p is not None else None for p in (weight, bias))
-    if bias is None and weight.dtype == torch.float32:
-        return sums, None  # already the gradient: fresh, [C], float32
-    grads, column = [], 0
-    for param in (weight, bias):
-        if param is None:
-            grads.append(None)
-        else:
-            grads.append(sums[column : column + param.shape[0]].to(param.dtype, copy=True))  # no aliasing views
-            column += param.shape[0]
-    return grads[0], grads[1]
+    sums = column_sum(partial, column_sum_launch(partial.shape[0], partial.shape[1], device))
+    if weight is None or bias is None:
+        return (_cast(sums, weight), None) if bias is None else (None, _cast(sums, bias))
+    sums = _cast(sums, weight)
+    channels = weight.shape[0]
+    return sums[:channels], _cast(sums[channels:], bias)
+
+
+def _cast(grad: Tensor, param: Tensor) -> Tensor:
+    # A no-op .to() still costs a few us of host time.
+    return grad if grad.dtype == param.dtype else grad.to(param.dtype)
 
 
 def column_sum(
@@ -426,7 +435,9 @@ def _attention_backward_op(*args, **kwargs) -> tuple[Tensor, ...]:
     its own: outputs may not alias)."""
     grads = attention_backward(*args, **kwargs)
     device = grads[0].device
-    return tuple(g if g is not None else torch.empty(0, dtype=torch.float32, device=device) for g in grads)
+    empty = functools.partial(torch.empty, 0, dtype=torch.float32, device=device)
+    # The eager path hands out a norm's weight and bias gradients as views of one sum (_param_grads).
+    return tuple(empty() if g is None else g.clone() if g._base is not None else g for g in grads)
 
 
 graph_attention_backward = torch.library.custom_op(
@@ -520,4 +531,6 @@ def graph_attention(*inputs, launch: AttentionLaunchConfig | None = None) -> tup
         if launch is not None:
             raise ValueError("a launch plan cannot be passed through torch.compile: the custom ops run the default")
         return graph_attention_forward(*inputs)
+    if not torch.is_grad_enabled():  # inference: no graph to record, and Function.apply's own cost saved (v22)
+        return attention_forward(*inputs, launch=launch)
     return _EagerGraphAttention.apply(launch, *inputs)
