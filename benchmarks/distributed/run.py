@@ -1,7 +1,9 @@
 """Anemoi's O320 <-> level-6 encoder, processor and decoder as one model, trained on 1 and on 2 GPUs under
 Anemoi's model sharding (``shard_strategy`` "edges" and "heads"): gtnorm's drop-ins against Anemoi's own
-Triton backend. Per row: the training step's median time and each GPU's peak memory; per strategy and side the
-scaling efficiency t(1 GPU) / (2 x t(2 GPUs)).
+Triton backend, each eager and under ``torch.compile(module)`` (Anemoi's way: anemoi-training compiles the
+modules its config lists). Per row: the training step's and the inference's median time, the first (compiling)
+step apart, and each GPU's peak memory; per strategy, side and mode the scaling efficiency t(1 GPU) / (2 x t(2
+GPUs)).
 
     NCCL_NVLS_ENABLE=0 torchrun --nproc_per_node 2 benchmarks/distributed/run.py --out benchmarks/out/distributed
     torchrun --nproc_per_node 1 benchmarks/distributed/run.py --out ...      # the 1-GPU rows only
@@ -9,8 +11,12 @@ scaling efficiency t(1 GPU) / (2 x t(2 GPUs)).
 With 2 processes, rank 0 first measures the 1-GPU rows alone (the other rank waits), then both measure the
 2-GPU rows. Before any timing, every module is checked on the GPUs (NCCL): sharded over the ranks against the
 same module run whole, in float32 (TF32 off), output and every gradient after Anemoi's gradient reduction
-(benchmarks/distributed/sharding.py), on the real graphs with a narrow model (5 heads: an uneven [3, 2] split);
-and gtnorm.distributed.head_parallel_attention against the single-process op on the processor graph.
+(benchmarks/distributed/sharding.py), and the output of inference (``torch.inference_mode``), on the real graphs
+with a narrow model (5 heads: an uneven [3, 2] split), both sides eager and gtnorm's drop-ins compiled too; and
+gtnorm.distributed.head_parallel_attention against the single-process op on the processor graph.
+
+Compiled rows run for the strategies of ``--compiled-strategies`` (default: edges, Anemoi's default and the one
+that scales): each compiles three modules per side for training and again for inference, ~1 minute per GPU count.
 
 One step, as Anemoi's model runs it: the data nodes replicated, the hidden nodes sharded from the encoder's
 output to the decoder's input, each graph's edges sharded by destination, bf16 autocast, gradient
@@ -61,6 +67,7 @@ GRAPHS = {  # --graphs -> (encoder, processor, decoder) graph names of benchmark
 }
 KINDS = ("encoder", "processor", "decoder")
 SIDES = ("anemoi", "gtnorm")
+MODES = ("eager", "compiled")  # benchmarks.anemoi.run.build_modules' keys: side, f"{side}_compiled"
 STRATEGIES = ("edges", "heads")
 NORM = "layer"  # Anemoi's default QK norm (AutocastLayerNorm)
 CHECK_SPEC = ModelSpec(num_channels=80, num_heads=5, mlp_hidden_ratio=2.0, processor_layers=1)
@@ -129,18 +136,23 @@ def make_inputs(spec: ModelSpec, setup: Setup, seed: int = 0) -> Inputs:
     )
 
 
+def module_key(side: str, mode: str) -> str:
+    return side if mode == "eager" else f"{side}_compiled"
+
+
 def build_model(spec: ModelSpec, strategy: str, device: torch.device) -> dict:
-    """side -> kind -> module; both sides of a kind share one state_dict."""
-    model = {side: {} for side in SIDES}
+    """module_key(side, mode) -> kind -> module; both sides of a kind share one state_dict, a compiled module
+    wraps its eager one."""
+    model = {}
     for kind in KINDS:
         built = build_modules(replace(spec, shard_strategy=strategy), kind, NORM, device)
-        for side in SIDES:
-            model[side][kind] = built[side]
+        for key, module in built.items():
+            model.setdefault(key, {})[kind] = module
     return model
 
 
-def training_step(modules: dict, inputs: Inputs, group, dtype=torch.bfloat16) -> None:
-    """Forward of encoder -> processor -> decoder and backward, sharded over ``group`` (None: one GPU)."""
+def model_forward(modules: dict, inputs: Inputs, group, dtype=torch.bfloat16) -> torch.Tensor:
+    """encoder -> processor -> decoder, sharded over ``group`` (None: one GPU); the whole output [N_data, F]."""
     hidden = get_shard_sizes(inputs.x_hidden, 0, group)
     rank = dist.get_rank(group) if group is not None else 0
     start = sum(hidden[:rank])
@@ -148,15 +160,31 @@ def training_step(modules: dict, inputs: Inputs, group, dtype=torch.bfloat16) ->
     with torch.autocast(inputs.x_data.device.type, dtype=dtype, enabled=dtype != torch.float32):
         latent = sharded_encoder(modules["encoder"], inputs.x_data, x_hidden, hidden, *inputs.edges["encoder"], group)
         latent = sharded_processor(modules["processor"], latent, hidden, *inputs.edges["processor"], group)
-        out = sharded_decoder(modules["decoder"], latent, hidden, inputs.y_coords, *inputs.edges["decoder"], group)
+        return sharded_decoder(modules["decoder"], latent, hidden, inputs.y_coords, *inputs.edges["decoder"], group)
+
+
+def training_step(modules: dict, inputs: Inputs, group, dtype=torch.bfloat16) -> None:
+    """Forward and backward, sharded over ``group``."""
+    for module in modules.values():
+        module.train()
+    out = model_forward(modules, inputs, group, dtype)
     out.backward(inputs.grad_out.to(out.dtype))
     if group is not None:
         for module in modules.values():
             reduce_gradients_as_anemoi(module, group)
 
 
+def inference(modules: dict, inputs: Inputs, group, dtype=torch.bfloat16) -> torch.Tensor:
+    """The model's forward as Anemoi's inference runs it: eval mode, ``torch.inference_mode``."""
+    for module in modules.values():
+        module.eval()
+    with torch.inference_mode():
+        return model_forward(modules, inputs, group, dtype)
+
+
 def timed_steps(modules: dict, inputs: Inputs, group, setup: Setup, warmup: int, steps: int) -> dict:
-    """Median step time (ms) and this GPU's peak memory (MiB) over ``steps`` steps after ``warmup``."""
+    """Median training-step and inference times (ms) over ``steps`` calls after ``warmup``, the first call of each
+    apart (s; torch.compile compiles there), and this GPU's peak memory (MiB) over the training steps."""
     params = [p for module in modules.values() for p in module.parameters()]
     sync = torch.cuda.synchronize if setup.device.type == "cuda" else (lambda: None)
 
@@ -165,28 +193,45 @@ def timed_steps(modules: dict, inputs: Inputs, group, setup: Setup, warmup: int,
             p.grad = None
         training_step(modules, inputs, group)
 
-    for _ in range(warmup):
-        step()
-    sync()
-    if setup.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(steps):
-        if group is not None:
-            dist.barrier(group)  # start together: a step's time includes waiting for the slower rank
+    def infer():
+        inference(modules, inputs, group)
+
+    def median_ms(call) -> float:
+        times = []
+        for _ in range(steps):
+            if group is not None:
+                dist.barrier(group)  # start together: a step's time includes waiting for the slower rank
+            sync()
+            begin = time.perf_counter()
+            call()
+            sync()
+            times.append(1e3 * (time.perf_counter() - begin))
+        return statistics.median(times)
+
+    first = {}
+    for name, call in (("step", step), ("infer", infer)):
         sync()
         begin = time.perf_counter()
-        step()
+        call()
         sync()
-        times.append(1e3 * (time.perf_counter() - begin))
+        first[name] = time.perf_counter() - begin
+        for _ in range(warmup - 1):
+            call()
+    sync()
+    infer_ms = median_ms(infer)
+    if setup.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    ms = median_ms(step)
     peak = torch.cuda.max_memory_allocated() / MIB if setup.device.type == "cuda" else None
     for p in params:
         p.grad = None
-    return {"ms": statistics.median(times), "peak_mib": peak}
+    return {"ms": ms, "infer_ms": infer_ms, "peak_mib": peak, "first_step_s": first["step"],
+            "first_infer_s": first["infer"]}  # fmt: skip
 
 
-def check_sharded_equals_whole(setup: Setup, group) -> list[dict]:
-    """Every module, strategy and side, float32: the sharded step's output and gradients against the whole
+def check_sharded_equals_whole(setup: Setup, group, compiled_strategies) -> list[dict]:
+    """Every module, strategy and side eager, and gtnorm's drop-ins compiled under ``compiled_strategies``,
+    float32: the sharded step's output and gradients, and the sharded inference's output, against the whole
     module's on this rank. Rows: the largest relative error (and where) per case."""
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -194,11 +239,13 @@ def check_sharded_equals_whole(setup: Setup, group) -> list[dict]:
     rows = []
     for strategy in STRATEGIES:
         model = build_model(CHECK_SPEC, strategy, setup.device)
+        cases = [(side, "eager") for side in SIDES] + [("gtnorm", "compiled")] * (strategy in compiled_strategies)
         for kind in KINDS:
-            for side in SIDES:
-                module = model[side][kind]
+            for side, mode in cases:
+                module = model[module_key(side, mode)][kind]
                 result, status = guarded(lambda module=module, kind=kind: _check_module(module, kind, inputs, group))
-                rows.append({"kind": kind, "strategy": strategy, "side": side, "status": status, **(result or {})})
+                rows.append({"kind": kind, "strategy": strategy, "side": side, "mode": mode, "status": status,
+                             **(result or {})})  # fmt: skip
         del model
         free_memory()
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
@@ -212,7 +259,12 @@ def _check_module(module, kind: str, inputs: Inputs, group) -> dict:
     x = {"encoder": (inputs.x_data, inputs.x_hidden), "processor": (state,), "decoder": (state, inputs.y_coords)}[kind]
     edge_attr, edge_index = inputs.edges[kind]
     results = {}
+    inferred = {}
     for name, run_group in (("whole", None), ("sharded", group)):
+        module.eval()
+        with torch.inference_mode():
+            inferred[name] = sharded_module_output(module, kind, x, edge_attr, edge_index, run_group)
+        module.train()
         module.zero_grad(set_to_none=True)
         leaves = [t.detach().clone().requires_grad_() for t in (*x, edge_attr)]
         out = sharded_module_output(module, kind, tuple(leaves[:-1]), leaves[-1], edge_index, run_group)
@@ -224,7 +276,7 @@ def _check_module(module, kind: str, inputs: Inputs, group) -> dict:
         grads |= {n: p.grad for n, p in module.named_parameters() if p.grad is not None}
         results[name] = (out.detach(), {n: g.detach().clone() for n, g in grads.items() if g is not None})
     (out_w, grads_w), (out_s, grads_s) = results["whole"], results["sharded"]
-    errors = {"output": relative_error(out_s, out_w)}
+    errors = {"output": relative_error(out_s, out_w), "inference": relative_error(*inferred.values())}
     largest = max(g.double().norm().item() for g in grads_w.values())
     for name, g in grads_w.items():
         if name not in grads_s:
@@ -238,6 +290,7 @@ def _check_module(module, kind: str, inputs: Inputs, group) -> dict:
         "max_rel_error": errors[worst],
         "worst": worst,
         "output_rel_error": errors["output"],
+        "inference_rel_error": errors["inference"],
         "ok": errors[worst] <= CHECK_TOL,
     }
 
@@ -295,11 +348,16 @@ def parse_args(argv):
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--processor-layers", type=int, default=2)
     parser.add_argument("--skip-check", action="store_true", help="no equality check before timing")
+    parser.add_argument("--compiled-strategies", nargs="*", choices=STRATEGIES, default=["edges"],
+                        help="strategies whose rows (and gtnorm's checks) also run compiled")  # fmt: skip
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    # One process builds models of two sizes, whole and sharded, training and inference: ~8 compilations of each
+    # module class, dynamo's default limit, past which it would fall back to eager without a word.
+    torch._dynamo.config.recompile_limit = 32
     setup = init()
     load_graphs(setup, GRAPHS[args.graphs])
     group = dist.new_group(list(range(setup.world))) if setup.world > 1 else None  # the model comm group
@@ -311,7 +369,7 @@ def main(argv=None) -> None:
             print(f"[{time.perf_counter() - start:6.1f} s] {message}", flush=True)
 
     if group is not None and not args.skip_check:
-        results["checks"] = check_sharded_equals_whole(setup, group)
+        results["checks"] = check_sharded_equals_whole(setup, group, args.compiled_strategies)
         checked, status = guarded(lambda: check_head_parallel(setup, group))
         results["checks"].append(checked or {"kind": "head_parallel_attention", "strategy": "-", "side": "gtnorm",
                                              "status": status, "ok": False})  # fmt: skip
@@ -321,12 +379,13 @@ def main(argv=None) -> None:
     spec = replace(ModelSpec(), processor_layers=args.processor_layers)
     inputs = make_inputs(spec, setup)
     for gpus in sorted({1, setup.world}):
-        for strategy in STRATEGIES:
+        for strategy in STRATEGIES if gpus > 1 else STRATEGIES[:1]:  # on one GPU the strategy does nothing
             model = build_model(spec, strategy, setup.device)
-            for side in SIDES:
-                row = {"gpus": gpus, "strategy": strategy, "side": side}
+            modes = MODES if strategy in args.compiled_strategies else ("eager",)
+            for mode, side in ((mode, side) for mode in modes for side in SIDES):
+                row = {"gpus": gpus, "strategy": strategy, "side": side, "mode": mode}
                 if gpus == setup.world or setup.rank == 0:  # 1-GPU rows: rank 0 alone, the others wait
-                    modules, run_group = model[side], group if gpus > 1 else None
+                    modules, run_group = model[module_key(side, mode)], group if gpus > 1 else None
                     measured, status = guarded(
                         lambda: timed_steps(modules, inputs, run_group, setup, args.warmup, args.steps)  # noqa: B023
                     )
@@ -335,10 +394,14 @@ def main(argv=None) -> None:
                     gathered = [None] * setup.world
                     dist.all_gather_object(gathered, row)
                     row = {**gathered[0], "ms": max_or_none(g.get("ms") for g in gathered),
+                           "infer_ms": max_or_none(g.get("infer_ms") for g in gathered),
                            "peak_mib_per_gpu": [g.get("peak_mib") for g in gathered],
                            "status": ", ".join(sorted({g["status"] for g in gathered}))}  # fmt: skip
                 results["rows"].append(row)
-                log(f"{gpus} GPU(s) {strategy} {side}: {row.get('status')} {row.get('ms')}")
+                log(f"{gpus} GPU(s) {strategy} {side} {mode}: {row.get('status')}, step / inference ms "
+                    f"{row.get('ms')} / {row.get('infer_ms')}")
+                if setup.rank == 0:  # what ran so far survives a run cut short
+                    write_outputs(results, args.out)
                 free_memory()
             del model
             free_memory()
@@ -358,10 +421,10 @@ def max_or_none(values):
 
 
 def add_efficiency(results: dict) -> None:
-    """scaling efficiency = t(1 GPU) / (gpus x t(gpus)), per strategy and side."""
-    single = {(r["strategy"], r["side"]): r.get("ms") for r in results["rows"] if r["gpus"] == 1}
+    """scaling efficiency = t(1 GPU) / (gpus x t(gpus)), per strategy, side and mode."""
+    single = {(r["side"], r["mode"]): r.get("ms") for r in results["rows"] if r["gpus"] == 1}
     for row in results["rows"]:
-        t1, t = single.get((row["strategy"], row["side"])), row.get("ms")
+        t1, t = single.get((row["side"], row["mode"])), row.get("ms")
         row["efficiency"] = t1 / (row["gpus"] * t) if t1 and t and row["gpus"] > 1 else None
 
 
@@ -378,6 +441,8 @@ def meta(setup: Setup, args) -> dict:
         "model": asdict(replace(ModelSpec(), processor_layers=args.processor_layers)),
         "norm": NORM,
         "dtype": "bf16 autocast",
+        "compile": "torch.compile(module), mode default (inductor; aot_eager on the CPU)",
+        "compiled_strategies": list(args.compiled_strategies),
         "steps": {"warmup": args.warmup, "timed": args.steps},
         "check_model": asdict(CHECK_SPEC),
         "check_tol": CHECK_TOL,
@@ -392,22 +457,32 @@ def markdown(results: dict) -> str:
         f"torch {m['torch']}, triton {m['triton']}, anemoi-models {m['anemoi_models']}, {m['dtype']}, QK norm "
         f"{m['norm']}, {m['model']['processor_layers']} processor layers, median of {m['steps']['timed']} steps.",
         "",
-        "| GPUs | strategy | side | step ms | peak MiB per GPU | scaling efficiency | status |",
-        "|---|---|---|---|---|---|---|",
+        "| GPUs | strategy | side | mode | step ms | inference ms | first step s | peak MiB per GPU | scaling "
+        "efficiency | status |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def number(value, spec):
+        return format(value, spec) if value else "-"
+
     for r in results["rows"]:
         peaks = r.get("peak_mib_per_gpu") or [r.get("peak_mib")]
         peak = " / ".join(f"{p:,.0f}" for p in peaks if p is not None) or "-"
-        ms = f"{r['ms']:.1f}" if r.get("ms") else "-"
-        eff = f"{r['efficiency']:.2f}" if r.get("efficiency") else "-"
-        lines.append(f"| {r['gpus']} | {r['strategy']} | {r['side']} | {ms} | {peak} | {eff} | {r.get('status')} |")
+        lines.append(
+            f"| {r['gpus']} | {r['strategy']} | {r['side']} | {r['mode']} | {number(r.get('ms'), '.1f')} "
+            f"| {number(r.get('infer_ms'), '.1f')} | {number(r.get('first_step_s'), '.1f')} | {peak} "
+            f"| {number(r.get('efficiency'), '.2f')} | {r.get('status')} |"
+        )
     if results["checks"]:
         lines += ["", f"Equality checks (float32, sharded vs whole, tolerance {m['check_tol']:g}):", ""]
-        lines += ["| module | strategy | side | max rel. error | where | ok |", "|---|---|---|---|---|---|"]
+        lines += ["| module | strategy | side | mode | max rel. error | where | inference rel. error | ok |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for c in results["checks"]:
             err = f"{c['max_rel_error']:.1e}" if "max_rel_error" in c else c["status"]
+            infer = f"{c['inference_rel_error']:.1e}" if "inference_rel_error" in c else "-"
             lines.append(
-                f"| {c['kind']} | {c['strategy']} | {c['side']} | {err} | {c.get('worst', '-')} | {c.get('ok')} |"
+                f"| {c['kind']} | {c['strategy']} | {c['side']} | {c.get('mode', 'eager')} | {err} "
+                f"| {c.get('worst', '-')} | {infer} | {c.get('ok')} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -39,6 +39,7 @@ class ShardedCase:
     name: str
     case: Case
     side: str  # "gtnorm" | "anemoi"
+    compiled: bool = False  # under torch.compile(module, backend="aot_eager"), as anemoi-training compiles it
 
 
 def sharded_cases() -> list[ShardedCase]:
@@ -61,6 +62,10 @@ def sharded_cases() -> list[ShardedCase]:
     # Mapper chunks within each GPU's shard (what lowers a mapper's peak memory at scale).
     case = Case("decoder", batch=1, shard_strategy="edges", heads=5, channels=40, num_chunks=3)
     cases.append(ShardedCase("decoder-edges-5heads-3chunks-gtnorm", case, "gtnorm"))
+    # The compiled drop-ins: the processor (captured whole) on the edge strategy, the encoder on the head strategy.
+    for kind, strategy in (("processor", "edges"), ("encoder", "heads")):
+        case = Case(kind, batch=1, shard_strategy=strategy, heads=5, channels=40)
+        cases.append(ShardedCase(f"{kind}-{strategy}-5heads-compiled-gtnorm", case, "gtnorm", compiled=True))
     return cases
 
 
@@ -88,7 +93,8 @@ def sharded_training_step(module, case: Case, inputs: Inputs, group) -> StepResu
     weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
     (out * weights).sum().backward()
     reduce_gradients_as_anemoi(module, group)
-    return StepResult(out.detach(), [t.grad for t in leaves], {n: p.grad for n, p in module.named_parameters()})
+    params = getattr(module, "_orig_mod", module).named_parameters()  # a compiled module's names unprefixed
+    return StepResult(out.detach(), [t.grad for t in leaves], {n: p.grad for n, p in params})
 
 
 def check_case(item: ShardedCase, group) -> dict:
@@ -97,6 +103,8 @@ def check_case(item: ShardedCase, group) -> dict:
     case = item.case
     anemoi_module, gtnorm_module = build_pair(case, "triton", torch.device("cpu"))
     module = gtnorm_module if item.side == "gtnorm" else anemoi_module
+    if item.compiled:
+        module = torch.compile(module, backend="aot_eager")
     inputs = make_inputs(case, torch.device("cpu"), graph=random_graph(case.kind, torch.Generator().manual_seed(3)))
     whole = training_step(module, case, inputs)
     sharded = sharded_training_step(module, case, inputs, group)
