@@ -142,7 +142,9 @@ def module_key(side: str, mode: str) -> str:
 
 def build_model(spec: ModelSpec, strategy: str, device: torch.device) -> dict:
     """module_key(side, mode) -> kind -> module; both sides of a kind share one state_dict, a compiled module
-    wraps its eager one."""
+    wraps its eager one. Dynamo's caches are emptied first, as in a process that trains one model: the
+    compilations of earlier models would otherwise count towards its recompile limit."""
+    torch._dynamo.reset()
     model = {}
     for kind in KINDS:
         built = build_modules(replace(spec, shard_strategy=strategy), kind, NORM, device)
@@ -259,11 +261,7 @@ def _check_module(module, kind: str, inputs: Inputs, group) -> dict:
     x = {"encoder": (inputs.x_data, inputs.x_hidden), "processor": (state,), "decoder": (state, inputs.y_coords)}[kind]
     edge_attr, edge_index = inputs.edges[kind]
     results = {}
-    inferred = {}
     for name, run_group in (("whole", None), ("sharded", group)):
-        module.eval()
-        with torch.inference_mode():
-            inferred[name] = sharded_module_output(module, kind, x, edge_attr, edge_index, run_group)
         module.train()
         module.zero_grad(set_to_none=True)
         leaves = [t.detach().clone().requires_grad_() for t in (*x, edge_attr)]
@@ -275,6 +273,14 @@ def _check_module(module, kind: str, inputs: Inputs, group) -> dict:
         grads = {f"input {i}": t.grad for i, t in enumerate(leaves)}
         grads |= {n: p.grad for n, p in module.named_parameters() if p.grad is not None}
         results[name] = (out.detach(), {n: g.detach().clone() for n, g in grads.items() if g is not None})
+    # Inference after training: Anemoi's processor keeps tensors of an inference_mode call that its next training
+    # step cannot save for backward (RuntimeError: "Inference tensors cannot be saved for backward").
+    inferred = {}
+    module.eval()
+    for name, run_group in (("whole", None), ("sharded", group)):
+        with torch.inference_mode():
+            inferred[name] = sharded_module_output(module, kind, x, edge_attr, edge_index, run_group)
+    module.train()
     (out_w, grads_w), (out_s, grads_s) = results["whole"], results["sharded"]
     errors = {"output": relative_error(out_s, out_w), "inference": relative_error(*inferred.values())}
     largest = max(g.double().norm().item() for g in grads_w.values())
@@ -355,9 +361,10 @@ def parse_args(argv):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    # One process builds models of two sizes, whole and sharded, training and inference: ~8 compilations of each
-    # module class, dynamo's default limit, past which it would fall back to eager without a word.
-    torch._dynamo.config.recompile_limit = 32
+    # Anemoi's maybe_checkpoint is one function for every module of both sides: each module, training and
+    # inference, compiles it anew (its arguments differ), past dynamo's default limit of 8, after which it would
+    # run eager without a word.
+    torch._dynamo.config.recompile_limit = 64
     setup = init()
     load_graphs(setup, GRAPHS[args.graphs])
     group = dist.new_group(list(range(setup.world))) if setup.world > 1 else None  # the model comm group
