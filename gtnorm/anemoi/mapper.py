@@ -16,10 +16,9 @@ Under torch.compile the preparation is one call the tracer skips (a graph break 
 breaks too, at its ``.item()``); the chunk loop after it slices tensors only and is traced, blocks included.
 
 Under a model group of several GPUs, and with ANEMOI_DEBUG_SHARDING set, the mappers prepare their graphs as
-Anemoi's do, that preparation opaque to torch.compile as well: traced (it breaks at its ``.item()`` and resumes
-in a new frame), the decoder's gather of the sharded sources (``sync_tensor``, whose backward all-reduces and
-splits the gradient) gave a wrong source gradient on 2 GPUs (NCCL, torch 2.11, anemoi-models 0.19; Anemoi's own
-decoder too, with any backend, benchmarks/NOTES.md v22).
+Anemoi's do. There the decoder's edge-sharded forward runs outside torch.compile: traced by dynamo (any backend,
+torch 2.11, NCCL), Anemoi's decoder returns a zero gradient for its sharded sources, the hidden state, while its
+output and parameter gradients are right; Anemoi's own decoder does the same (benchmarks/NOTES.md v22).
 """
 
 from __future__ import annotations
@@ -129,12 +128,6 @@ def _prepared_partition(edge_index: Tensor, num_parts: int, num_nodes: tuple[int
     return cached_graph_value(edge_index, num_nodes, derivation, make, _CachedChunkPartition.unwritten)
 
 
-@torch.compiler.disable
-def _anemoi_preparation(mapper, *args):
-    """Anemoi's own preparation (module docstring: why outside the compiled graph)."""
-    return anemoi_mapper.GraphTransformerBaseMapper.prepare_edge_sharding_wrapper(mapper, *args)
-
-
 class _CachedChunks:
     """What gtnorm's mappers override in Anemoi's GraphTransformerBaseMapper (mixed in before it): no state."""
 
@@ -143,8 +136,8 @@ class _CachedChunks:
         edges_are_dst_sorted=True,
     ):  # fmt: skip
         if model_is_distributed(model_comm_group) or khop_edges.ANEMOI_DEBUG_SHARDING:
-            return _anemoi_preparation(
-                self, x, shard_info, batch_size, edge_attr, edge_index, model_comm_group, cond, edges_are_dst_sorted
+            return super().prepare_edge_sharding_wrapper(
+                x, shard_info, batch_size, edge_attr, edge_index, model_comm_group, cond, edges_are_dst_sorted
             )
         # On one GPU, Anemoi's shard partition and its move to the local rank change nothing: only the chunks.
         x_src, x_dst = x
@@ -183,3 +176,14 @@ class GraphTransformerBackwardMapper(_CachedChunks, anemoi_mapper.GraphTransform
     def __init__(self, *, graph_attention_backend: str = "triton", **kwargs) -> None:
         super().__init__(graph_attention_backend=graph_attention_backend, **kwargs)
         convert_blocks(self, graph_attention_backend)
+
+    def mapper_forward_with_edge_sharding(self, **kwargs):
+        if model_is_distributed(kwargs.get("model_comm_group")):
+            return _eager_edge_sharded_forward(self, **kwargs)
+        return super().mapper_forward_with_edge_sharding(**kwargs)
+
+
+@torch.compiler.disable
+def _eager_edge_sharded_forward(mapper: GraphTransformerBackwardMapper, **kwargs):
+    """Anemoi's edge-sharded decoder forward, opaque to torch.compile (module docstring: why)."""
+    return anemoi_mapper.GraphTransformerBaseMapper.mapper_forward_with_edge_sharding(mapper, **kwargs)
