@@ -117,6 +117,9 @@ def build_modules(
         "encoder": gtnorm.anemoi.GraphTransformerForwardMapper,
         "decoder": gtnorm.anemoi.GraphTransformerBackwardMapper,
     }
+    # As in a process that trains one model: the compilations of earlier rows would count towards this row's
+    # recompile limits (Anemoi's maybe_checkpoint is one function for every module of both sides).
+    torch._dynamo.reset()
     torch.manual_seed(0)
     anemoi_module = anemoi_classes[kind](**spec.arguments(kind, norm, "triton")).to(device)
     gtnorm_module = gtnorm_classes[kind](**spec.arguments(kind, norm, "triton")).to(device)

@@ -142,9 +142,7 @@ def module_key(side: str, mode: str) -> str:
 
 def build_model(spec: ModelSpec, strategy: str, device: torch.device) -> dict:
     """module_key(side, mode) -> kind -> module; both sides of a kind share one state_dict, a compiled module
-    wraps its eager one. Dynamo's caches are emptied first, as in a process that trains one model: the
-    compilations of earlier models would otherwise count towards its recompile limit."""
-    torch._dynamo.reset()
+    wraps its eager one; dynamo's caches emptied first (build_modules)."""
     model = {}
     for kind in KINDS:
         built = build_modules(replace(spec, shard_strategy=strategy), kind, NORM, device)
