@@ -118,8 +118,11 @@ def build_modules(
         "decoder": gtnorm.anemoi.GraphTransformerBackwardMapper,
     }
     # As in a process that trains one model: the compilations of earlier rows would count towards this row's
-    # recompile limits (Anemoi's maybe_checkpoint is one function for every module of both sides).
+    # recompile limits. Within a row, Anemoi's maybe_checkpoint is one function for every module of both sides,
+    # compiled anew for each call site, training and inference: past dynamo's default limit of 8 it would run
+    # eager without a word.
     torch._dynamo.reset()
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch.manual_seed(0)
     anemoi_module = anemoi_classes[kind](**spec.arguments(kind, norm, "triton")).to(device)
     gtnorm_module = gtnorm_classes[kind](**spec.arguments(kind, norm, "triton")).to(device)

@@ -359,10 +359,6 @@ def parse_args(argv):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    # Anemoi's maybe_checkpoint is one function for every module of both sides: each module, training and
-    # inference, compiles it anew (its arguments differ), past dynamo's default limit of 8, after which it would
-    # run eager without a word.
-    torch._dynamo.config.recompile_limit = 64
     setup = init()
     load_graphs(setup, GRAPHS[args.graphs])
     group = dist.new_group(list(range(setup.world))) if setup.world > 1 else None  # the model comm group
