@@ -88,7 +88,7 @@ class _CachedChunkPartition(GraphPartition):
     def materialise(self, partition_id, x, edge_attr, edge_index, cond=None):
         # Tensor slicing alone where the chunks were made with the partition: torch.compile traces it.
         x_src, x_dst = x
-        chunk = self.chunks[partition_id] if self.chunks is not None else self._chunk(partition_id, edge_index, x_src)
+        chunk = self.chunks[partition_id] if self.chunks is not None else _chunk(self, partition_id, edge_index, x_src)
         dst_range = self._get_dst_range(partition_id)
         x_src_chunk = x_src if chunk.src_ids is None else x_src[chunk.src_ids]
         cond_chunk = None
@@ -98,15 +98,20 @@ class _CachedChunkPartition(GraphPartition):
         edge_attr_chunk = edge_attr[self._get_edge_range(partition_id)]
         return (x_src_chunk, x_dst[dst_range]), edge_attr_chunk, chunk.edge_index, cond_chunk
 
-    def _chunk(self, partition_id: int, edge_index: Tensor, x_src: Tensor) -> _Chunk:
-        num_src = x_src.shape[0]
-        derivation = ("gtnorm.anemoi.mapper._make_chunk", _fields(self), partition_id, num_src)
 
-        def make() -> _Chunk:
-            return _make_chunk(self, partition_id, edge_index, num_src)
+@torch.compiler.disable
+def _chunk(partition: _CachedChunkPartition, partition_id: int, edge_index: Tensor, x_src: Tensor) -> _Chunk:
+    """A chunk of a partition from Anemoi's own preparation (several GPUs), made once per graph and found again by
+    the graph's content (one host sync). Opaque to torch.compile, as Anemoi's materialise is not traceable either
+    (its ``torch.unique``): one graph break for one."""
+    num_src = x_src.shape[0]
+    derivation = ("gtnorm.anemoi.mapper._make_chunk", _fields(partition), partition_id, num_src)
 
-        num_nodes = (num_src, self.num_nodes[1])
-        return cached_graph_value(edge_index, num_nodes, derivation, make, _Chunk.unwritten)
+    def make() -> _Chunk:
+        return _make_chunk(partition, partition_id, edge_index, num_src)
+
+    num_nodes = (num_src, partition.num_nodes[1])
+    return cached_graph_value(edge_index, num_nodes, derivation, make, _Chunk.unwritten)
 
 
 @torch.compiler.disable
