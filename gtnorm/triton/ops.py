@@ -434,10 +434,20 @@ def _attention_backward_op(*args, **kwargs) -> tuple[Tensor, ...]:
     """attention_backward with an empty fp32 tensor for every absent gradient, as an op must return tensors (each
     its own: outputs may not alias)."""
     grads = attention_backward(*args, **kwargs)
-    device = grads[0].device
-    empty = functools.partial(torch.empty, 0, dtype=torch.float32, device=device)
-    # The eager path hands out a norm's weight and bias gradients as views of one sum (_param_grads).
-    return tuple(empty() if g is None else g.clone() if g._base is not None else g for g in grads)
+    empty = functools.partial(torch.empty, 0, dtype=torch.float32, device=grads[0].device)
+    # The eager path hands out a norm's weight and bias gradients as views of one sum (_param_grads): the second
+    # of two that share memory is copied. By storage, not by ``_base``: under a dispatch mode (opcheck's schema
+    # check) a slice's result has no ``_base``.
+    outputs, storages = [], set()
+    for grad in grads:
+        if grad is None:
+            grad = empty()
+        elif grad.numel():
+            storage = grad.untyped_storage().data_ptr()
+            grad = grad.clone() if storage in storages else grad
+            storages.add(storage)
+        outputs.append(grad)
+    return tuple(outputs)
 
 
 graph_attention_backward = torch.library.custom_op(
