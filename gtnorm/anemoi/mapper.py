@@ -182,13 +182,16 @@ class GraphTransformerBackwardMapper(_CachedChunks, anemoi_mapper.GraphTransform
         super().__init__(graph_attention_backend=graph_attention_backend, **kwargs)
         convert_blocks(self, graph_attention_backend)
 
-    def mapper_forward_with_edge_sharding(self, **kwargs):
-        if model_is_distributed(kwargs.get("model_comm_group")):
-            return _eager_edge_sharded_forward(self, **kwargs)
-        return super().mapper_forward_with_edge_sharding(**kwargs)
+    def mapper_forward_with_edge_sharding(
+        self, x, batch_size, shard_info, edge_attr, edge_index, model_comm_group=None, *args, **kwargs
+    ):
+        args = (x, batch_size, shard_info, edge_attr, edge_index, model_comm_group, *args)
+        if model_is_distributed(model_comm_group):
+            return _eager_edge_sharded_forward(self, *args, **kwargs)
+        return super().mapper_forward_with_edge_sharding(*args, **kwargs)
 
 
 @torch.compiler.disable
-def _eager_edge_sharded_forward(mapper: GraphTransformerBackwardMapper, **kwargs):
+def _eager_edge_sharded_forward(mapper: GraphTransformerBackwardMapper, *args, **kwargs):
     """Anemoi's edge-sharded decoder forward, opaque to torch.compile (module docstring: why)."""
-    return anemoi_mapper.GraphTransformerBaseMapper.mapper_forward_with_edge_sharding(mapper, **kwargs)
+    return anemoi_mapper.GraphTransformerBaseMapper.mapper_forward_with_edge_sharding(mapper, *args, **kwargs)
