@@ -62,7 +62,7 @@ def sharded_cases() -> list[ShardedCase]:
     # Mapper chunks within each GPU's shard (what lowers a mapper's peak memory at scale).
     case = Case("decoder", batch=1, shard_strategy="edges", heads=5, channels=40, num_chunks=3)
     cases.append(ShardedCase("decoder-edges-5heads-3chunks-gtnorm", case, "gtnorm"))
-    # The compiled drop-ins: the processor (captured whole) on the edge strategy, the encoder on the head strategy.
+    # The compiled drop-ins: processor and decoder on the edge strategy, the encoder on the head strategy.
     for kind, strategy in (("processor", "edges"), ("decoder", "edges"), ("encoder", "heads")):
         case = Case(kind, batch=1, shard_strategy=strategy, heads=5, channels=40)
         cases.append(ShardedCase(f"{kind}-{strategy}-5heads-compiled-gtnorm", case, "gtnorm", compiled=True))

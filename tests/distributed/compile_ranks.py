@@ -8,9 +8,8 @@ import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
 
-from benchmarks.distributed.sharding import sharded_module_output
 from tests.anemoi.setups import Case, build_pair, make_inputs
-from tests.distributed.anemoi_ranks import random_graph
+from tests.distributed.anemoi_ranks import random_graph, sharded_training_step
 
 
 def count_breaks(rank: int, world_size: int, kinds: list[str]) -> dict:
@@ -28,8 +27,6 @@ def count_breaks(rank: int, world_size: int, kinds: list[str]) -> dict:
             counters.clear()
             compiled = torch.compile(module, backend="aot_eager")
             for _ in range(2):
-                leaves = [t.detach().clone().requires_grad_() for t in inputs.leaves()]
-                out = sharded_module_output(compiled, kind, tuple(leaves[:-1]), leaves[-1], inputs.edge_index, group)
-                out.sum().backward()
+                sharded_training_step(compiled, case, inputs, group)
             breaks[kind][side] = {" ".join(reason.split())[:400]: n for reason, n in counters["graph_break"].items()}
     return breaks
