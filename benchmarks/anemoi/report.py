@@ -77,7 +77,7 @@ def markdown(results: dict) -> str:
         f"{model['processor_layers']} layers; batch 1; gradient checkpointing on (Anemoi's default); a new "
         "edge_index tensor every call (gtnorm's registered as its graph provider does). Compiled: "
         f"torch.compile(module), mode {meta.get('compile_mode', 'default')}. Times: median ms "
-        "(triton.testing.do_bench), the median over "
+        f"(triton.testing.do_bench, at least {meta.get('min_calls', 1)} timed calls), the median over "
         f"{meta.get('rounds', 1)} round(s) of every side in turn. Memory: extra peak MiB of one call over what was "
         "allocated before it. compiled × = Anemoi compiled / gtnorm compiled; best × = Anemoi's faster mode / "
         "gtnorm's faster mode. First call: seconds of the first training step (compiling included), apart from the "

@@ -283,6 +283,9 @@ def parse_args(argv):
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), help="autocast dtypes (default: both)")
     parser.add_argument("--rep-ms", type=float, default=100.0, help="do_bench's measuring budget per timing")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every side in turn; times are medians")
+    parser.add_argument(
+        "--min-calls", type=int, default=8, help="timed calls per round at least (rep-ms is raised where needed)"
+    )
     parser.add_argument("--processor-layers", type=int, default=ModelSpec.processor_layers)
     parser.add_argument("--compile-mode", default="default", choices=COMPILE_MODES, help="torch.compile's mode")
     parser.add_argument("--no-plot", action="store_true")
@@ -311,13 +314,14 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("benchmarks.anemoi needs a CUDA device: Anemoi's Triton backend runs on CUDA only")
     device = torch.device("cuda")
     spec = ModelSpec(processor_layers=args.processor_layers)
-    settings = TimingSettings(warmup_ms=25.0, rep_ms=args.rep_ms)
+    settings = TimingSettings(warmup_ms=25.0, rep_ms=args.rep_ms, min_calls=args.min_calls)
     results = {
         "meta": {
             **run_environment(device, spec),
             "batch_size": 1,
             "gradient_checkpointing": True,
             "rounds": args.rounds,
+            "min_calls": args.min_calls,
             "compile_mode": args.compile_mode,
         },
         "rows": [],
