@@ -19,9 +19,9 @@ from benchmarks.anemoi.report import _measured, best_speedup, memory_saving, spe
 from benchmarks.graphs.quick import COMMITTED_GPU_RESULTS, REPO, committed_gpu_summary
 
 RESULTS = REPO / "benchmarks" / "results"
-IN_BLOCK = RESULTS / "h100" / "anemoi"
+IN_BLOCK = RESULTS / "h200" / "anemoi"
 SEVERAL_GPUS = RESULTS / "h200x2" / "distributed"
-FIGURE = RESULTS / "h100" / "speedup.png"
+FIGURE = RESULTS / "h200" / "speedup.png"
 README = REPO / "README.md"
 NORM_NAMES = {"layer": "LayerNorm", "rms": "RMSNorm", "off": "off"}
 

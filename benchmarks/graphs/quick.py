@@ -22,7 +22,7 @@ from benchmarks.graphs.variants import build_variant, make_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 # The committed GPU run of this benchmark: what quick mode and the README show (python -m benchmarks.report).
-COMMITTED_GPU_RESULTS = REPO / "benchmarks" / "results" / "h100" / "graphs"
+COMMITTED_GPU_RESULTS = REPO / "benchmarks" / "results" / "h200" / "graphs"
 PYG_TIMED_CALLS = 10  # CPU default: median of this many calls of the PyG path (milliseconds each on tiny graphs)
 
 INTRO = """\
