@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import os
-import statistics
 import sys
 import time
 from datetime import timedelta
@@ -32,6 +31,7 @@ from anemoi.models.layers.block import GraphTransformerBaseBlock
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from benchmarks.anemoi.run import ModelSpec, build_modules
+from benchmarks.distributed.run import median_ms
 from benchmarks.distributed.sharding import reduce_gradients_as_anemoi, sharded_processor
 from benchmarks.graphs.catalog import load_graph
 
@@ -70,17 +70,6 @@ def main() -> None:
             reduce_gradients_as_anemoi(module, group)
         return out
 
-    def median_ms(call) -> float:
-        times = []
-        for _ in range(STEPS):
-            dist.barrier(group)
-            torch.cuda.synchronize()
-            begin = time.perf_counter()
-            call()
-            torch.cuda.synchronize()
-            times.append(1e3 * (time.perf_counter() - begin))
-        return statistics.median(times)
-
     for side in ("anemoi", "gtnorm"):
         eager = build_modules(SPEC, "processor", "layer", device)[side]
         module_counter, block_counter = CompileCounterWithBackend("inductor"), CompileCounterWithBackend("inductor")
@@ -102,11 +91,13 @@ def main() -> None:
             first_s = time.perf_counter() - begin
             for _ in range(WARMUP):
                 run(module)
-            step_ms = median_ms(lambda module=module: run(module))
+            step_ms = median_ms(lambda module=module: run(module), STEPS, group, torch.cuda.synchronize)
             module.eval()
             with torch.inference_mode():
                 out = gather_tensor(run(module, train=False).float(), 0, hidden, group)
-                infer_ms = median_ms(lambda module=module: run(module, train=False))
+                infer_ms = median_ms(
+                    lambda module=module: run(module, train=False), STEPS, group, torch.cuda.synchronize
+                )
             reference = out if reference is None else reference
             error = ((out - reference).norm() / reference.norm()).item()
             frames = f"{counter.frame_count} frames, {counter.op_count} ops" if counter else "-"

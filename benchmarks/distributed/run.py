@@ -196,18 +196,6 @@ def timed_steps(modules: dict, inputs: Inputs, group, setup: Setup, warmup: int,
     def infer():
         inference(modules, inputs, group)
 
-    def median_ms(call) -> float:
-        times = []
-        for _ in range(steps):
-            if group is not None:
-                dist.barrier(group)  # start together: a step's time includes waiting for the slower rank
-            sync()
-            begin = time.perf_counter()
-            call()
-            sync()
-            times.append(1e3 * (time.perf_counter() - begin))
-        return statistics.median(times)
-
     first = {}
     for name, call in (("step", step), ("infer", infer)):
         sync()
@@ -218,15 +206,30 @@ def timed_steps(modules: dict, inputs: Inputs, group, setup: Setup, warmup: int,
         for _ in range(warmup - 1):
             call()
     sync()
-    infer_ms = median_ms(infer)
+    infer_ms = median_ms(infer, steps, group, sync)
     if setup.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    ms = median_ms(step)
+    ms = median_ms(step, steps, group, sync)
     peak = torch.cuda.max_memory_allocated() / MIB if setup.device.type == "cuda" else None
     for p in params:
         p.grad = None
     return {"ms": ms, "infer_ms": infer_ms, "peak_mib": peak, "first_step_s": first["step"],
             "first_infer_s": first["infer"]}  # fmt: skip
+
+
+def median_ms(call, steps: int, group, sync) -> float:
+    """Median wall time (ms) of ``steps`` calls, each started together on every rank of ``group`` (None: one
+    process) and ``sync``'d before and after."""
+    times = []
+    for _ in range(steps):
+        if group is not None:
+            dist.barrier(group)  # start together: a step's time includes waiting for the slower rank
+        sync()
+        begin = time.perf_counter()
+        call()
+        sync()
+        times.append(1e3 * (time.perf_counter() - begin))
+    return statistics.median(times)
 
 
 def check_sharded_equals_whole(setup: Setup, group, compiled_strategies) -> list[dict]:
