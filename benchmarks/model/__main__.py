@@ -1,0 +1,3 @@
+from benchmarks.model.run import main
+
+main()

@@ -1,0 +1,81 @@
+"""The model's graph as anemoi-graphs would hand it to anemoi-models: a HeteroData with the data and hidden node
+sets (``x``: latitude, longitude in radians) and the encoder, processor and decoder edges carrying the default
+config's attributes ``edge_length`` [M, 1] and ``edge_dirs`` [M, 2].
+
+Edges come from benchmarks/graphs (the cached catalog graphs: cutoff encoder, multi-scale processor, 3-nearest
+decoder). The attributes follow anemoi-graphs' definitions as its default graph config sets them up: the
+great-circle length of each edge scaled to a maximum of 1 ("unit-max"), and the direction from the destination
+to the source in the destination's local east/north frame scaled to unit standard deviation ("unit-std"). Their
+values do not change what a step costs; their widths (1 + 2, plus the trainable parameters) do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch_geometric.data import HeteroData
+
+from benchmarks.graphs import grids
+from benchmarks.graphs.catalog import GRAPH_SPECS, BenchGraph, GraphSpec, build_graph, load_graph
+
+# Model graph -> (N of the data grid O_N, refinement level r of the hidden icosahedron).
+MODEL_GRAPHS = {
+    "o320_r6": (320, 6),
+    "o96_r5": (96, 5),
+    "o2_r0": (2, 0),  # tests: small enough for the Triton interpreter
+}
+
+
+def _latlon(xyz: np.ndarray) -> np.ndarray:  # [N, 3] -> [N, 2] radians
+    return np.stack([np.arcsin(np.clip(xyz[:, 2], -1.0, 1.0)), np.arctan2(xyz[:, 1], xyz[:, 0])], axis=1)
+
+
+def edge_attributes(src_xyz: np.ndarray, dst_xyz: np.ndarray, edge_index: np.ndarray) -> dict[str, torch.Tensor]:
+    """edge_length [M, 1] and edge_dirs [M, 2] (float32) of edges ``edge_index`` [2, M] (row 0 = source)."""
+    src, dst = src_xyz[edge_index[0]], dst_xyz[edge_index[1]]
+    length = np.arccos(np.clip((src * dst).sum(axis=1), -1.0, 1.0))
+    length = length / max(length.max(), 1e-12)
+    # The destination's local frame: east = z x dst (normalised), north = dst x east.
+    east = np.cross(np.array([0.0, 0.0, 1.0]), dst)
+    east_norm = np.linalg.norm(east, axis=1, keepdims=True)
+    east = np.where(east_norm > 1e-12, east / np.maximum(east_norm, 1e-12), np.array([1.0, 0.0, 0.0]))
+    north = np.cross(dst, east)
+    offset = src - dst
+    dirs = np.stack([(offset * east).sum(axis=1), (offset * north).sum(axis=1)], axis=1)
+    dirs = dirs / max(dirs.std(), 1e-12)
+    return {
+        "edge_length": torch.from_numpy(length[:, None].astype(np.float32)),
+        "edge_dirs": torch.from_numpy(dirs.astype(np.float32)),
+    }
+
+
+def build_model_graph(name: str, verbose: bool = False) -> HeteroData:
+    """The HeteroData of ``name`` (a MODEL_GRAPHS key): nodes "data" and "hidden", edges data->hidden,
+    hidden->hidden, hidden->data."""
+    grid, level = MODEL_GRAPHS[name]
+    data_xyz = grids.octahedral_grid(grid)
+    hidden_xyz = grids.icosahedral_mesh(level).vertices
+    graph = HeteroData()
+    graph["data"].x = torch.from_numpy(_latlon(data_xyz).astype(np.float32))
+    graph["hidden"].x = torch.from_numpy(_latlon(hidden_xyz).astype(np.float32))
+    nodes = {"data": data_xyz, "hidden": hidden_xyz}
+    parts = {
+        ("data", "hidden"): GraphSpec(kind="encoder", grid=grid, level=level),
+        ("hidden", "hidden"): GraphSpec(kind="processor", level=level),
+        ("hidden", "data"): GraphSpec(kind="decoder", grid=grid, level=level),
+    }
+    for (src, dst), spec in parts.items():
+        bench = _edges(spec, verbose)
+        edges = graph[(src, "to", dst)]
+        edges.edge_index = bench.edge_index
+        for key, value in edge_attributes(nodes[src], nodes[dst], bench.edge_index.numpy()).items():
+            edges[key] = value
+    return graph
+
+
+def _edges(spec: GraphSpec, verbose: bool) -> BenchGraph:
+    """The catalog's cached graph of that definition where it has one, else built now (small graphs)."""
+    for name, catalog_spec in GRAPH_SPECS.items():
+        if catalog_spec == spec:
+            return load_graph(name, verbose=verbose)
+    return build_graph(f"{spec.kind} {spec.describe()}", spec)
