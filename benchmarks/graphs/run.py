@@ -11,7 +11,7 @@ against the HBM floor and its speedup over the others, and its error against the
 to DIR/results.json, results.md and results.png, rewritten after every graph so an interrupted run keeps
 what it measured. With a GPU the default is the full suite.
 
-Without a GPU the default is quick mode (quick.py; about 2 minutes on 2 cores, measured with two busy processes
+Without a GPU the default is quick mode (quick.py; about 2.5 minutes on 2 cores, measured with two busy processes
 beside it): the fused kernels, through the Triton interpreter, checked once against the PyG reference on a tiny
 encoder, processor and decoder, the PyG path timed, and the committed GPU results summarised. --no-quick times
 every variant through the interpreter instead (slow, and those times only show that the harness works).
