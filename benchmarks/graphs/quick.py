@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -34,26 +35,26 @@ PYG_TIMED_CALLS = 25  # CPU default: median of this many rounds of the PyG path 
 QUICK_GRAPHS = ("era_to_h_tiny", "h_to_h_tiny", "h_to_era_tiny")
 HEARTBEAT_S = 10.0  # a line at least this often while an interpreter step runs
 
-INTRO = """\
-Quick mode{reason}: the fused Triton kernels run once per graph (forward and backward) and are checked
-against the PyG reference; the PyG path is timed{where}. {interpreter}The GPU performance figures are the
-committed results, summarised at the end (full tables: {committed}/results.md).
-The full benchmark (every variant timed, a plot): `bash run.sh bench` on a CUDA machine, or --no-quick."""
+INTRO = (
+    "Quick mode{reason}: the fused Triton kernels run once per graph (forward and backward) and are checked against "
+    "the PyG reference, run in the same dtype and in float32; the PyG path is timed{where}. {interpreter}The GPU "
+    "performance figures are the committed results, summarised at the end (full tables: {committed}/results.md). "
+    "The full benchmark (every variant timed, a plot): `bash run.sh bench` on a CUDA machine, or --no-quick."
+)
 
 
 def run_quick(names: list[str], settings: Settings, device: torch.device, out: Path, meta: dict) -> dict:
     on_gpu = device.type == "cuda"
-    print(
-        INTRO.format(
-            reason="" if on_gpu else " (no CUDA device here)",
-            where="" if on_gpu else " on the CPU",
-            interpreter=""
-            if on_gpu
-            else "Here the kernels run through the Triton interpreter (TRITON_INTERPRET=1), ~1 ms per program: "
-            "its times are not reported.\n",
-            committed=COMMITTED_GPU_RESULTS.relative_to(REPO),
-        )
+    intro = INTRO.format(
+        reason="" if on_gpu else " (no CUDA device here)",
+        where="" if on_gpu else " on the CPU",
+        interpreter=""
+        if on_gpu
+        else "Here the kernels run through the Triton interpreter (TRITON_INTERPRET=1), ~1 ms per program: "
+        "its times are not reported. ",
+        committed=COMMITTED_GPU_RESULTS.relative_to(REPO),
     )
+    print(textwrap.fill(intro, width=115))
     print(
         f"graphs: {', '.join(names)}; {str(settings.dtype).removeprefix('torch.')}, H={settings.heads}, "
         f"C={settings.channels}, eps={settings.eps:g}; output: {out}",
