@@ -287,6 +287,10 @@ class GraphTransformerConv(torch.nn.Module):
         Index ranges are checked on the way (by GraphLayout or check_edge_index).
         """
         check_attention_tensors(query, key, value, edge_attr if self.lin_edge is None else None)
+        _refuse_other_dtypes(query, "query")
+        _refuse_other_dtypes(key, "key")
+        _refuse_other_dtypes(value, "value")
+        _refuse_other_dtypes(edge_attr, "edge_attr")
         channels = query.shape[2]
         if channels != self.out_channels:
             raise ValueError(f"query has {channels} channels per head, but out_channels={self.out_channels}")
@@ -307,26 +311,15 @@ class GraphTransformerConv(torch.nn.Module):
             check_norm_eps(norm)
             # The module's own parameters (not named_parameters(): a generator over the module tree, a few us a call)
             for param_name, param in norm._parameters.items():
+                _refuse_other_dtypes(param, name, param_name)
                 if param is not None and param.device != query.device:
                     raise ValueError(
                         f"{name}.{param_name} is on {param.device}, query is on {query.device} (move the module "
                         "with .to())"
                     )
 
-        self._check_dtypes({"query": query, "key": key, "value": value, "edge_attr": edge_attr})
         num_src, num_dst = _resolve_size(size, key.shape[0], query.shape[0])
         return num_src, num_dst
-
-    def _check_dtypes(self, inputs: dict[str, Tensor | None]) -> None:
-        """LAYER_DTYPES for the inputs and the parameters of q_norm, k_norm and lin_edge, on every backend."""
-        named = dict(inputs)
-        for module_name in ("q_norm", "k_norm", "lin_edge"):
-            module = getattr(self, module_name)
-            if module is not None:
-                named.update({f"{module_name}.{name}": p for name, p in module._parameters.items()})
-        for name, t in named.items():
-            if t is not None and t.dtype not in LAYER_DTYPES:
-                raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
 
     def _check_edge_projection(self, edge_attr, query: Tensor) -> None:
         """With lin_edge: edge_attr holds raw attributes [M, D], and lin_edge maps D to H * C."""
@@ -349,8 +342,15 @@ class GraphTransformerConv(torch.nn.Module):
                 f"channels = {heads * self.out_channels}"
             )
         for name, param in self.lin_edge._parameters.items():
+            _refuse_other_dtypes(param, "lin_edge", name)
             if param is not None and param.device != query.device:
                 raise ValueError(f"lin_edge.{name} is on {param.device}, query is on {query.device}")
+
+
+def _refuse_other_dtypes(t: Tensor | None, *name: str) -> None:
+    """LAYER_DTYPES on every backend; the name's parts are joined only for the error (a host path of every call)."""
+    if t is not None and t.dtype not in LAYER_DTYPES:
+        raise TypeError(f"{'.'.join(name)} must be float16, bfloat16, float32 or float64, got {t.dtype}")
 
 
 def _for_kernels(t: Tensor | None) -> Tensor | None:
