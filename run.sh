@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # gtnorm's two entry points. Each first makes sure the project's virtual environment exists and holds what
 # pyproject.toml asks for (installing only when something is missing or changed), then runs:
-#   bash run.sh bench [args for python -m benchmarks.graphs]   the graph benchmark (GPU: full suite;
-#                                                               CPU: quick mode, under 3 minutes)
-#   bash run.sh test  [args for pytest]                         the test suite (CPU: interpreter, small graphs)
+#   bash run.sh bench [args for python -m benchmarks.graphs]   the graph benchmark (GPU: full suite; CPU: quick
+#                                                               mode, about 2.5 minutes on 2 cores with two busy
+#                                                               processes beside it)
+#   bash run.sh test  [args for pytest]                         the test suite (CPU: interpreter, small graphs;
+#                                                               about 40 minutes on 2 cores)
 #   bash run.sh --help                                          this text; installs nothing
+#
+# The first run (a few minutes) creates the environment and installs into it: torch (CUDA build with a GPU, else
+# the CPU build), gtnorm in editable mode with its test, bench and anemoi extras (triton, torch-geometric,
+# pytest, ruff, scipy, matplotlib, anemoi-utils, einops, hydra-core and their dependencies), then anemoi-models
+# 0.19.0 without its dependencies, and downloads anemoi-models' source distribution into the environment (its
+# unit tests, which tests/anemoi/test_upstream.py runs).
 #
 # Environment (all optional):
 #   PYTHON                  the Python that creates the environment (default: python3; any >= 3.10, an
@@ -30,6 +38,26 @@ CPU_TORCH_INDEX="https://download.pytorch.org/whl/cpu"
 
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }  # the header above
 
+# step DESCRIPTION COMMAND...: runs the command, saying what it does, every 15 s that it still runs (pip is
+# silent for minutes on a first install), and how long it took.
+step() {
+  local what=$1 start=$SECONDS next=15 pid status=0
+  shift
+  echo "run.sh: $what ..." >&2
+  "$@" &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if ((SECONDS - start >= next)); then
+      echo "run.sh:   ... $((SECONDS - start)) s" >&2
+      next=$((next + 15))
+    fi
+  done
+  wait "$pid" || status=$?
+  ((status == 0)) && echo "run.sh: $what: done in $((SECONDS - start)) s" >&2
+  return "$status"
+}
+
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
 torch_spec() {
@@ -49,14 +77,13 @@ EOF
 }
 
 make_venv() {
-  echo "run.sh: creating the virtual environment $VENV with $("$PYTHON" --version 2>&1)" >&2
-  if ! "$PYTHON" -m venv "$VENV"; then
+  if ! step "creating the virtual environment $VENV with $("$PYTHON" --version 2>&1)" "$PYTHON" -m venv "$VENV"; then
     rm -rf "$VENV"
     echo "run.sh: '$PYTHON -m venv' failed. On Debian/Ubuntu: apt install python3-venv (or python3.X-venv);" \
       "or point PYTHON at another Python >= 3.10." >&2
     exit 1
   fi
-  "$VENV_PY" -m pip install -q --upgrade pip
+  step "upgrading pip in it" "$VENV_PY" -m pip install -q --upgrade pip
 }
 
 # True when pip, as configured here, resolves the torch spec to a CPU build: nothing named nvidia-* in the
@@ -82,19 +109,17 @@ install_torch() {
   spec=$(torch_spec)
   if "$VENV_PY" -c "import torch" >/dev/null 2>&1; then return; fi
   if [[ -n "${GTNORM_TORCH_PIP_ARGS+set}" ]]; then
-    echo "run.sh: installing $spec with pip arguments '$GTNORM_TORCH_PIP_ARGS' (a few minutes)" >&2
     # shellcheck disable=SC2086  # the arguments are meant to split
-    "$VENV_PY" -m pip install -q "$spec" $GTNORM_TORCH_PIP_ARGS
+    step "installing $spec with pip arguments '$GTNORM_TORCH_PIP_ARGS' (a few minutes)" \
+      "$VENV_PY" -m pip install -q "$spec" $GTNORM_TORCH_PIP_ARGS
   elif has_gpu; then
-    echo "run.sh: installing $spec (CUDA build, a few minutes)" >&2
-    "$VENV_PY" -m pip install -q "$spec"
+    step "installing $spec (CUDA build, a few minutes)" "$VENV_PY" -m pip install -q "$spec"
   elif pip_resolves_cpu_torch "$spec"; then
-    echo "run.sh: installing $spec (CPU build, as pip is configured here; a few minutes)" >&2
-    "$VENV_PY" -m pip install -q "$spec"
+    step "installing $spec (CPU build, as pip is configured here; a few minutes)" "$VENV_PY" -m pip install -q "$spec"
   else
     # From the public registry a plain torch is the CUDA build with ~20 nvidia-* packages (GBs).
-    echo "run.sh: installing $spec from the PyTorch CPU index $CPU_TORCH_INDEX (a few minutes)" >&2
-    "$VENV_PY" -m pip install -q "$spec" --index-url "$CPU_TORCH_INDEX"
+    step "installing $spec from the PyTorch CPU index $CPU_TORCH_INDEX (a few minutes)" \
+      "$VENV_PY" -m pip install -q "$spec" --index-url "$CPU_TORCH_INDEX"
   fi
 }
 
@@ -106,11 +131,11 @@ ensure_installed() {
   fi
   [[ -x "$VENV_PY" ]] || make_venv
   install_torch
-  echo "run.sh: installing gtnorm (editable) with its $EXTRAS extras" >&2
-  "$VENV_PY" -m pip install -q -e ".[$EXTRAS]"
-  "$VENV_PY" -m pip install -q --no-deps "$ANEMOI_MODELS"
+  step "installing gtnorm (editable) with its $EXTRAS extras" "$VENV_PY" -m pip install -q -e ".[$EXTRAS]"
+  step "installing $ANEMOI_MODELS without its dependencies" "$VENV_PY" -m pip install -q --no-deps "$ANEMOI_MODELS"
   # Anemoi's own unit tests come in its source distribution: tests/anemoi/test_upstream.py runs them on the drop-ins.
-  "$VENV_PY" -m pip download -q --no-deps --no-binary :all: -d "$VENV/anemoi-models-sdist" "$ANEMOI_MODELS" ||
+  step "downloading $ANEMOI_MODELS's source distribution (its unit tests) into $VENV/anemoi-models-sdist" \
+    "$VENV_PY" -m pip download -q --no-deps --no-binary :all: -d "$VENV/anemoi-models-sdist" "$ANEMOI_MODELS" ||
     echo "run.sh: could not download $ANEMOI_MODELS's source distribution: Anemoi's own tests will be skipped" >&2
   echo "$key" >"$STAMP"
 }
@@ -126,7 +151,18 @@ command=${1:-}
 case "$command" in
   bench | test) shift ;;
   -h | --help | help) usage; exit 0 ;;
-  *) usage >&2; exit 2 ;;
+  "")
+    echo "run.sh: no command given: say 'bash run.sh bench' or 'bash run.sh test' (usage below)" >&2
+    echo >&2
+    usage >&2
+    exit 2
+    ;;
+  *)
+    echo "run.sh: unknown command '$command': the commands are bench and test (usage below)" >&2
+    echo >&2
+    usage >&2
+    exit 2
+    ;;
 esac
 
 if asks_for_help "$@" && ! [[ -f "$STAMP" ]]; then

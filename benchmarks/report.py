@@ -1,11 +1,13 @@
-"""The report command: the README's result tables and its figure, from the committed results.
+"""The report command: the result tables of the README and of the docs pages, and the README's figure, from the
+committed results.
 
-    python -m benchmarks.report            # rewrite the README's generated sections and the figure
-    python -m benchmarks.report --check    # exit 1 where the README and the results disagree (CI's test)
+    python -m benchmarks.report            # rewrite the pages' generated sections and the figure
+    python -m benchmarks.report --check    # exit 1 where a page and the results disagree (CI's test)
 
 One results folder per device and kind of run (``benchmarks/results/<device>/<kind>/``, each with a README that
-names command and code); a new run replaces its folder, then this command brings the README up to date. The
-README's generated sections sit between ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->``.
+names command and code); a new run replaces its folder, then this command brings the pages up to date. Each
+generated section sits between ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->`` on the page PAGES names, and
+its caption names the GPU and the date of the run (benchmarks/results_date.py).
 """
 
 from __future__ import annotations
@@ -17,12 +19,16 @@ from pathlib import Path
 
 from benchmarks.anemoi.report import _measured, best_speedup, memory_saving, speedup
 from benchmarks.graphs.quick import COMMITTED_GPU_RESULTS, REPO, committed_gpu_summary
+from benchmarks.results_date import run_date
 
 RESULTS = REPO / "benchmarks" / "results"
 IN_BLOCK = RESULTS / "h200" / "anemoi"
 SEVERAL_GPUS = RESULTS / "h200x2" / "distributed"
 FIGURE = RESULTS / "h200" / "speedup.png"
 README = REPO / "README.md"
+DOCS = REPO / "docs"
+# The page of each generated section: the README keeps the bare op's table, the topics' pages the others.
+PAGES = {"kernel": README, "in-block": DOCS / "anemoi.md", "several-gpus": DOCS / "several-gpus.md"}
 NORM_NAMES = {"layer": "LayerNorm", "rms": "RMSNorm", "off": "off"}
 
 
@@ -48,7 +54,8 @@ def in_block_table(folder: Path = IN_BLOCK) -> str:
     meta = results["meta"]
     model = meta["model"]
     lines = [
-        f"{meta['device']}, anemoi-models {meta['anemoi_models']}, torch {meta['torch'].split('+')[0]}; "
+        f"{meta['device']}, run of {run_date(folder)}; anemoi-models {meta['anemoi_models']}, "
+        f"torch {meta['torch'].split('+')[0]}; "
         f"{model['num_channels']} channels, {model['num_heads']} heads, {model['processor_layers']}-layer "
         f"processor, batch {meta['batch_size']}, checkpointing {'on' if meta['gradient_checkpointing'] else 'off'}, "
         f"torch.compile mode {meta['compile_mode']}, medians of {meta['rounds']} alternating rounds; from "
@@ -85,7 +92,8 @@ def several_gpus_table(folder: Path = SEVERAL_GPUS) -> str:
     passed = sum(bool(c["ok"]) for c in checks)
     compiled_checks = sum(c.get("mode") == "compiled" for c in checks)
     lines = [
-        f"{meta['gpus']} x {meta['device']} ({meta['backend']}), {meta['dtype']}, {NORM_NAMES[meta['norm']]} QK "
+        f"{meta['gpus']} x {meta['device']} ({meta['backend']}), run of {run_date(folder)}; {meta['dtype']}, "
+        f"{NORM_NAMES[meta['norm']]} QK "
         f"norm, {meta['model']['processor_layers']}-layer processor; from {folder.relative_to(REPO).as_posix()}/: "
         f"{passed} of {len(checks)} sharded-against-whole checks pass ({compiled_checks} of them gtnorm compiled; "
         f"training step and inference; largest relative error {worst:.1e}). Step ms, eager / compiled; × = each "
@@ -135,12 +143,12 @@ def sections() -> dict[str, str]:
     }
 
 
-def readme_with(text: str, generated: dict[str, str]) -> str:
-    """``text`` with every generated section replaced; a missing marker is a ValueError."""
+def page_with(text: str, generated: dict[str, str], page: str = "README.md") -> str:
+    """``text`` (of ``page``) with every generated section replaced; a missing marker is a ValueError."""
     for name, body in generated.items():
         start, end = f"<!-- report:{name} -->\n", f"<!-- /report:{name} -->"
         if start not in text or end not in text:
-            raise ValueError(f"README.md lacks the markers of the generated section {name!r}: {start.strip()}")
+            raise ValueError(f"{page} lacks the markers of the generated section {name!r}: {start.strip()}")
         head, rest = text.split(start, 1)
         _, tail = rest.split(end, 1)
         text = head + start + body + end + tail
@@ -195,21 +203,34 @@ def write_figure(path: Path = FIGURE) -> None:
     plt.close(fig)
 
 
+def updated_pages() -> dict[Path, tuple[str, str]]:
+    """{page: (its text now, its text with the generated sections brought up to date)}."""
+    generated = sections()
+    pages = {}
+    for path in dict.fromkeys(PAGES.values()):
+        text = path.read_text()
+        names = {name: generated[name] for name, page in PAGES.items() if page == path}
+        pages[path] = text, page_with(text, names, path.relative_to(REPO).as_posix())
+    return pages
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only compare the README with the results")
+    parser.add_argument("--check", action="store_true", help="only compare the pages with the results")
     args = parser.parse_args(argv)
-    text = README.read_text()
-    updated = readme_with(text, sections())
+    pages = updated_pages()
+    names = ", ".join(path.relative_to(REPO).as_posix() for path in pages)
     if args.check:
-        if updated != text:
-            print("README.md's generated sections differ from the results: run python -m benchmarks.report")
+        stale = [path.relative_to(REPO).as_posix() for path, (text, updated) in pages.items() if text != updated]
+        if stale:
+            print(f"{', '.join(stale)}: generated sections differ from the results: run python -m benchmarks.report")
             return 1
-        print("README.md agrees with the committed results")
+        print(f"{names} agree with the committed results")
         return 0
-    README.write_text(updated)
+    for path, (_, updated) in pages.items():
+        path.write_text(updated)
     write_figure()
-    print(f"wrote {README.relative_to(REPO)} and {FIGURE.relative_to(REPO)}")
+    print(f"wrote {names} and {FIGURE.relative_to(REPO)}")
     return 0
 
 

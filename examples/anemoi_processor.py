@@ -4,7 +4,7 @@ names gtnorm's drop-in, loaded from a checkpoint of Anemoi's own processor, and 
 On a GPU: the level-6 processor graph of benchmarks/graphs (40,962 nodes; built and cached on first use),
 Anemoi's sizes (1024 channels, 16 heads), fp16 autocast. On a CPU: a tiny graph, fp32, gtnorm's kernels
 through the Triton interpreter (Anemoi's own blocks log that they fall back to PyG there: gtnorm's do not).
-Needs anemoi-models (README, "Use in Anemoi").
+Needs anemoi-models (docs/anemoi.md, "Installing").
 
     python examples/anemoi_processor.py
 """

@@ -119,6 +119,24 @@ def retime_call(
     return ms
 
 
+def interleaved_cpu_medians_ms(
+    calls: dict[str, Callable[[], object]], rounds: int, leaves: Sequence[torch.Tensor] = ()
+) -> dict[str, float]:
+    """{name: median ms} of CPU calls timed in turn: one untimed call of each first (first-call set-up), then
+    ``rounds`` rounds of one call each. Taking turns gives every call the same share of whatever else the
+    machine runs, so the forward is not timed in a quiet minute and forward+backward in a busy one."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for round_ in range(rounds + 1):
+        for name, fn in calls.items():
+            clear_grads(leaves)
+            start = time.perf_counter()
+            fn()
+            if round_:
+                times[name].append(time.perf_counter() - start)
+    clear_grads(leaves)
+    return {name: 1e3 * statistics.median(values) for name, values in times.items()}
+
+
 def _gpu_median_ms(fn: Callable[[], object], settings: TimingSettings, leaves: Sequence[torch.Tensor]) -> float:
     rep_ms = settings.rep_ms
     if settings.min_calls > 1:

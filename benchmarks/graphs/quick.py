@@ -8,65 +8,120 @@ end the committed GPU results are summarised: those are the performance figures.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import textwrap
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from benchmarks.graphs.accuracy import check_accuracy
 from benchmarks.graphs.catalog import load_graph
-from benchmarks.graphs.measure import Settings, free_memory, measure_call
+from benchmarks.graphs.measure import Settings, free_memory, guarded, interleaved_cpu_medians_ms, measure_call
 from benchmarks.graphs.report import MODES
 from benchmarks.graphs.variants import build_variant, make_inputs
+from benchmarks.results_date import run_date
 
 REPO = Path(__file__).resolve().parents[2]
 # The committed GPU run of this benchmark: what quick mode and the README show (python -m benchmarks.report).
 COMMITTED_GPU_RESULTS = REPO / "benchmarks" / "results" / "h200" / "graphs"
-PYG_TIMED_CALLS = 10  # CPU default: median of this many calls of the PyG path (milliseconds each on tiny graphs)
+PYG_TIMED_CALLS = 25  # CPU default: median of this many rounds of the PyG path (milliseconds each on tiny graphs)
+# An encoder, the processor and a decoder of the tiny suite: each kind of graph a model runs. Through the
+# interpreter their checks take 16, 26 and 36 s of one core; the suite's fourth graph, dop_enc_tiny (another
+# encoder), 42 s more, which would take a loaded 2-core machine past 3 minutes (--suite tiny runs it).
+QUICK_GRAPHS = ("era_to_h_tiny", "h_to_h_tiny", "h_to_era_tiny")
+HEARTBEAT_S = 10.0  # a line at least this often while an interpreter step runs
 
-INTRO = """\
-Quick mode{reason}: the fused Triton kernels run once per graph (forward and backward) and are checked
-against the PyG reference; the PyG path is timed{where}. {interpreter}The GPU performance figures are the
-committed results, summarised at the end (full tables: {committed}/results.md).
-The full benchmark (every variant timed, a plot): `bash run.sh bench` on a CUDA machine, or --no-quick."""
+INTRO = (
+    "Quick mode{reason}: the fused Triton kernels run once per graph (forward and backward) and are checked against "
+    "the PyG reference, run in the same dtype and in float32; the PyG path is timed{where}. {interpreter}The GPU "
+    "performance figures are the committed results, summarised at the end (full tables: {committed}/results.md). "
+    "The full benchmark (every variant timed, a plot): `bash run.sh bench` on a CUDA machine, or --no-quick."
+)
 
 
 def run_quick(names: list[str], settings: Settings, device: torch.device, out: Path, meta: dict) -> dict:
     on_gpu = device.type == "cuda"
-    print(
-        INTRO.format(
-            reason="" if on_gpu else " (no CUDA device here)",
-            where="" if on_gpu else " on the CPU",
-            interpreter=""
-            if on_gpu
-            else "Here the kernels run through the Triton interpreter (TRITON_INTERPRET=1), ~1 ms per program: "
-            "its times are not reported.\n",
-            committed=COMMITTED_GPU_RESULTS.relative_to(REPO),
-        )
+    intro = INTRO.format(
+        reason="" if on_gpu else " (no CUDA device here)",
+        where="" if on_gpu else " on the CPU",
+        interpreter=""
+        if on_gpu
+        else "Here the kernels run through the Triton interpreter (TRITON_INTERPRET=1), ~1 ms per program: "
+        "its times are not reported. ",
+        committed=COMMITTED_GPU_RESULTS.relative_to(REPO),
     )
+    print(textwrap.fill(intro, width=115))
     print(
         f"graphs: {', '.join(names)}; {str(settings.dtype).removeprefix('torch.')}, H={settings.heads}, "
         f"C={settings.channels}, eps={settings.eps:g}; output: {out}",
         flush=True,
     )
-    results = {"meta": {**meta, "mode": "quick"}, "graphs": []}
+    meta = {**meta, "mode": "quick"}
+    if not on_gpu:
+        meta["timing"] = (
+            f"time.perf_counter on {torch.get_num_threads()} thread(s), forward and forward+backward in turn, "
+            f"median of {settings.timing.cpu_reps} rounds after one untimed round"
+        )
+    results = {"meta": meta, "graphs": []}
     start = time.perf_counter()
     for index, name in enumerate(names, 1):
         graph = load_graph(name, verbose=True)
-        results["graphs"].append(check_graph(graph, settings, device, f"[{index}/{len(names)}] {name}"))
+        results["graphs"].append(check_graph(graph, settings, device, f"[{index}/{len(names)}] {name}", start))
         free_memory()
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / "results.md").write_text(quick_markdown(results))
     print()
     print(quick_markdown(results))
+    print(committed_gpu_header())
     print(committed_gpu_summary())
     print(f"wrote {out}/results.json, results.md ({time.perf_counter() - start:.0f} s)")
     return results
 
 
-def check_graph(graph, settings: Settings, device: torch.device, tag: str) -> dict:
+@contextlib.contextmanager
+def one_thread_on_cpu(device: torch.device) -> Iterator[None]:
+    """torch on one thread for quick mode on a CPU, the caller's setting back afterwards. The interpreter is
+    single-threaded Python, and on graphs this small the PyG path gains nothing from a second thread; on a shared
+    machine a second thread makes every parallel region wait for a free core, which once put single PyG timings
+    100x apart in one run."""
+    threads = torch.get_num_threads()
+    if device.type != "cuda":
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def progress(tag: str, what: str, run_start: float, every_s: float = HEARTBEAT_S) -> Iterator[None]:
+    """Says when ``what`` starts, every ``every_s`` seconds while it runs, and when it ends, with its time: an
+    interpreter step takes up to a minute on a shared 2-core machine, and a silent minute looks like a hang."""
+    start = time.perf_counter()
+    print(f"{tag}: {what} ...", flush=True)
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(every_s):
+            print(f"{tag}:   ... {time.perf_counter() - start:.0f} s", flush=True)
+
+    beating = threading.Thread(target=beat, daemon=True)
+    beating.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beating.join()
+    now = time.perf_counter()
+    print(f"{tag}: {what}: done in {now - start:.1f} s ({now - run_start:.0f} s into the run)", flush=True)
+
+
+def check_graph(graph, settings: Settings, device: torch.device, tag: str, run_start: float) -> dict:
     lo, mean, hi = graph.in_degree_stats()
     print(
         f"{tag}: {graph.kind}, {graph.num_src} -> {graph.num_dst} nodes, {graph.num_edges} edges, "
@@ -75,21 +130,16 @@ def check_graph(graph, settings: Settings, device: torch.device, tag: str) -> di
     )
     inputs = make_inputs(graph, settings.heads, settings.channels, settings.dtype, device, settings.eps)
     how = "compiled" if device.type == "cuda" else "through the Triton interpreter"
-    print(f"{tag}: fused forward+backward ({how}) against PyG ... ", end="", flush=True)
-    start = time.perf_counter()
-    # The fused RMSNorm only: the LayerNorm mode doubles the interpreter's time, and the tests cover it.
-    accuracy = check_accuracy(inputs, layer_norm=False)
-    print(f"done ({time.perf_counter() - start:.1f} s)", flush=True)
+    with progress(tag, f"fused forward+backward ({how}) against PyG", run_start):
+        # The fused RMSNorm only: the LayerNorm mode doubles the interpreter's time, and the tests cover it.
+        accuracy = check_accuracy(inputs, layer_norm=False)
     for comparison, errors in accuracy.items():
         print(f"{tag}:   {comparison}: {_errors_text(errors)}", flush=True)
 
     pyg = build_variant("pyg", inputs)
     calls = {"fwd": lambda: _without_grad(pyg.forward), "fwd_bwd": lambda: pyg.forward().backward(inputs.grad_out)}
-    pyg_ms = {}
-    for mode, call in calls.items():
-        measured = measure_call(call, device, settings.timing, pyg.leaves)
-        pyg_ms[mode] = measured.ms if measured.ok else measured.status
-    print(f"{tag}: pyg {_pyg_text(pyg_ms)}", flush=True)
+    pyg_ms = time_pyg(calls, device, settings, pyg.leaves)
+    print(f"{tag}: pyg, forward / forward+backward: {_pyg_text(pyg_ms)}", flush=True)
     return {
         "name": graph.name,
         "kind": graph.kind,
@@ -99,6 +149,24 @@ def check_graph(graph, settings: Settings, device: torch.device, tag: str) -> di
         "accuracy": accuracy,
         "pyg_ms": pyg_ms,
     }
+
+
+# What a CPU timing row says when its medians contradict each other: no numbers rather than wrong ones.
+CONTRADICTED = "not reported: the forward's median came out above forward+backward's (a machine too busy to time)"
+
+
+def time_pyg(calls: dict, device: torch.device, settings: Settings, leaves) -> dict[str, float | str]:
+    """{mode: ms or why not}. On the CPU the modes take turns (interleaved_cpu_medians_ms), the median of
+    settings.timing.cpu_reps rounds each; a forward slower than forward+backward is reported as CONTRADICTED."""
+    if device.type == "cuda":
+        timed = {mode: measure_call(call, device, settings.timing, leaves) for mode, call in calls.items()}
+        return {mode: m.ms if m.ok else m.status for mode, m in timed.items()}
+    medians, status = guarded(lambda: interleaved_cpu_medians_ms(calls, settings.timing.cpu_reps, leaves))
+    if medians is None:
+        return dict.fromkeys(calls, status)
+    if medians["fwd"] > medians["fwd_bwd"]:
+        return dict.fromkeys(calls, CONTRADICTED)
+    return medians
 
 
 def _without_grad(forward):
@@ -117,7 +185,11 @@ def _worst(errors: dict[str, float] | str | None) -> str:
 
 
 def _pyg_text(pyg_ms: dict) -> str:
-    return " / ".join(f"{v:.3f}" if isinstance(v, float) else v for v in pyg_ms.values()) + " ms (fwd / fwd+bwd)"
+    """'0.412 / 1.337 ms' (forward / forward+backward), or the one reason there are no times."""
+    values = list(pyg_ms.values())
+    if len(set(values)) == 1 and isinstance(values[0], str):
+        return values[0]
+    return " / ".join(f"{v:.3f}" if isinstance(v, float) else v for v in values) + " ms"
 
 
 def quick_markdown(results: dict) -> str:
@@ -129,7 +201,7 @@ def quick_markdown(results: dict) -> str:
         f"'pyg fp32' is the PyG path run in float32 on the same values. PyG time: {meta['timing']}.",
         "",
         "| graph | kind | nodes (src → dst) | edges | fused vs pyg fp32 | pyg vs pyg fp32 | fused vs pyg "
-        "| pyg ms fwd / fwd+bwd |",
+        "| pyg fwd / fwd+bwd |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for g in results["graphs"]:
@@ -137,9 +209,18 @@ def quick_markdown(results: dict) -> str:
         lines.append(
             f"| {g['name']} | {g['kind']} | {g['num_src']} → {g['num_dst']} | {g['num_edges']} "
             f"| {_worst(acc.get('fused vs pyg fp32'))} | {_worst(acc.get('pyg vs pyg fp32'))} "
-            f"| {_worst(acc.get('fused vs pyg'))} | {_pyg_text(g['pyg_ms']).removesuffix(' ms (fwd / fwd+bwd)')} |"
+            f"| {_worst(acc.get('fused vs pyg'))} | {_pyg_text(g['pyg_ms'])} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def committed_gpu_header(folder: Path = COMMITTED_GPU_RESULTS) -> str:
+    """What quick mode prints above the committed table: that it was measured elsewhere, when and where."""
+    device = json.loads((folder / "results.json").read_text())["meta"]["device"]
+    return (
+        f"The performance figures, not measured now: the committed run of {run_date(folder)} on {device} "
+        f"({folder.relative_to(REPO)}/README.md says how it was made)."
+    )
 
 
 def committed_gpu_summary(folder: Path = COMMITTED_GPU_RESULTS) -> str:
@@ -149,7 +230,8 @@ def committed_gpu_summary(folder: Path = COMMITTED_GPU_RESULTS) -> str:
     meta = results["meta"]
     torch_version = meta["torch"].split("+")[0]
     lines = [
-        f"GPU results ({meta['device']}, {meta['dtype']}, H={meta['heads']}, C={meta['channels']}, RMSNorm on q "
+        f"GPU results ({meta['device']}, run of {run_date(folder)}; {meta['dtype']}, H={meta['heads']}, "
+        f"C={meta['channels']}, RMSNorm on q "
         f"and k; torch {torch_version}, triton {meta['triton']}; from {folder.relative_to(REPO)}/). "
         "Times in ms, forward / forward+backward:",
         "",

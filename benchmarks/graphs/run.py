@@ -1,5 +1,6 @@
-"""The graph benchmark: RMSNorm on q and k + graph-transformer attention, five ways (and once without
-the norm), on Anemoi-sized graphs.
+"""The graph benchmark: a norm on q and k + graph-transformer attention on Anemoi-sized graphs, 14 ways (the
+variants below): five with RMSNorm, five with LayerNorm, once without a norm, two with the edge features projected
+from raw attributes, and Anemoi's fused-QK-norm kernel where its path is given.
 
     python -m benchmarks.graphs [--suite full|small|tiny | --graphs NAME ...] [--dtype bfloat16]
                                 [--heads 16] [--channels 64] [--variants ...] [--out DIR] [--no-plot] [--no-check]
@@ -10,10 +11,10 @@ against the HBM floor and its speedup over the others, and its error against the
 to DIR/results.json, results.md and results.png, rewritten after every graph so an interrupted run keeps
 what it measured. With a GPU the default is the full suite.
 
-Without a GPU the default is quick mode on the tiny suite (quick.py, under 3 minutes on 2 cores): the fused
-kernels, through the Triton interpreter, checked once per graph against the PyG reference, the PyG path
-timed, and the committed GPU results summarised. --no-quick times every variant through the interpreter
-instead (slow, and those times only show that the harness works).
+Without a GPU the default is quick mode (quick.py; about 2.5 minutes on 2 cores, measured with two busy processes
+beside it): the fused kernels, through the Triton interpreter, checked once against the PyG reference on a tiny
+encoder, processor and decoder, the PyG path timed, and the committed GPU results summarised. --no-quick times
+every variant through the interpreter instead (slow, and those times only show that the harness works).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from benchmarks.graphs.measure import (
     hbm_floor_bytes,
     measure_call,
 )
-from benchmarks.graphs.quick import PYG_TIMED_CALLS, run_quick
+from benchmarks.graphs.quick import PYG_TIMED_CALLS, QUICK_GRAPHS, one_thread_on_cpu, run_quick
 from benchmarks.graphs.report import MODES, NOT_PERFORMANCE, markdown, write_outputs
 from benchmarks.graphs.variants import (
     COMPILED_VARIANTS,
@@ -72,8 +73,8 @@ def parse_args(argv: list[str] | None, on_gpu: bool) -> argparse.Namespace:
     which.add_argument(
         "--suite",
         choices=sorted(SUITES),
-        default=defaults["suite"],
-        help="a named set of graphs (default here: %(default)s)",
+        help=f"a named set of graphs (default here: {defaults['suite']}; in quick mode on a CPU "
+        f"{', '.join(QUICK_GRAPHS)})",
     )
     which.add_argument(
         "--graphs",
@@ -107,8 +108,8 @@ def parse_args(argv: list[str] | None, on_gpu: bool) -> argparse.Namespace:
         "--reps",
         type=int,
         default=None,
-        help=f"CPU: timed calls per measurement (median; no warm-up; default: {PYG_TIMED_CALLS} in quick mode, "
-        "where only PyG is timed, else 1)",
+        help=f"CPU: timed calls per measurement (median; default: {PYG_TIMED_CALLS} rounds after an untimed one in "
+        "quick mode, where only PyG is timed; else 1 call, no warm-up)",
     )
     parser.add_argument(
         "--anemoi-fused-qk",
@@ -150,10 +151,11 @@ def main(argv: list[str] | None = None) -> dict:
         check=not args.no_check,
         peer_paths={"anemoi_fused_qk": args.anemoi_fused_qk} if args.anemoi_fused_qk else {},
     )
-    names = args.graphs or list(SUITES[args.suite])
+    names = graphs_to_run(args, on_gpu)
     if args.quick:
-        meta = run_metadata(device, settings, bandwidth=None)
-        return run_quick(names, settings, device, args.out, meta)
+        with one_thread_on_cpu(device):
+            meta = run_metadata(device, settings, bandwidth=None)
+            return run_quick(names, settings, device, args.out, meta)
 
     if not on_gpu:
         print(NOT_PERFORMANCE.replace("**", ""))
@@ -189,6 +191,15 @@ def main(argv: list[str] | None = None) -> dict:
         + f" ({time.perf_counter() - run_start:.0f} s)"
     )
     return results
+
+
+def graphs_to_run(args: argparse.Namespace, on_gpu: bool) -> list[str]:
+    """--graphs, else --suite, else the default: QUICK_GRAPHS in quick mode on a CPU, else the device's suite."""
+    if args.graphs:
+        return list(args.graphs)
+    if args.suite is None and args.quick and not on_gpu:
+        return list(QUICK_GRAPHS)
+    return list(SUITES[args.suite or (GPU_DEFAULTS if on_gpu else CPU_DEFAULTS)["suite"]])
 
 
 def run_metadata(device: torch.device, settings: Settings, bandwidth: float | None) -> dict:

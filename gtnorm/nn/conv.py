@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from gtnorm._runtime import (
-    check_dtype,
+    SUPPORTED_DTYPES,
     check_interpreter_version,
     check_triton_device,
     triton_can_run_on,
@@ -34,6 +34,9 @@ from gtnorm.triton.layout import check_edge_index, check_edge_index_format
 from gtnorm.triton.layout_cache import cached_layout
 
 BACKENDS = ("auto", "triton", "pyg")
+# Every backend takes these (the kernels' own, float64 as float32 copies: _forward_triton), anything else is refused
+# by name before any work, so that a model does not run on one backend and fail on the other.
+LAYER_DTYPES = (*SUPPORTED_DTYPES, torch.float64)
 
 
 class GraphTransformerConv(torch.nn.Module):
@@ -76,7 +79,10 @@ class GraphTransformerConv(torch.nn.Module):
         query: [N_dst, H, C]; key, value: [N_src, H, C]; edge_attr: [M, H, C] or None, in edge_index's order
         ([M, D] with lin_edge); edge_index: [2, M] (row 0 = source, row 1 = destination); output: [N_dst, H, C] in
         query's dtype.
-        query, key, value and edge_attr may have different floating dtypes (e.g. under autocast).
+        query, key, value and edge_attr may have different dtypes (e.g. under autocast): float16, bfloat16,
+        float32 or float64 on every backend, the norms' and lin_edge's parameters too; any other is a TypeError.
+        The Triton kernels compute in float32, float64 tensors reaching them as float32 copies (output and
+        gradients in float64, with float32's rounding); the PyG backend computes in the widest operand dtype.
 
     The Triton backend needs a :class:`gtnorm.GraphLayout` of the graph: built on first sight of a graph and
     found again by content (a clone, a per-step batch expansion, an inference tensor holding it) in a cache
@@ -183,23 +189,22 @@ class GraphTransformerConv(torch.nn.Module):
                 edge_attr = None
             else:
                 edge_attr = self._project_edges(edge_attr, query.shape[1])
-        # The kernels' dtypes (float16, bfloat16, float32), which the PyG path does not need; the op's other checks
-        # are made: _check_inputs, fusable_norm and _uses_triton, and the cached layout is built for
-        # (num_src, num_dst) on edge_index's device.
-        named = {"query": query, "key": key, "value": value}
-        named.update({"edge_attr": edge_attr if edge_features is None else edge_features})
-        named.update({"lin_edge.weight": edge_weight, "lin_edge.bias": edge_bias})
-        named.update({"q_norm.weight": fused_q.weight, "q_norm.bias": fused_q.bias})
-        named.update({"k_norm.weight": fused_k.weight, "k_norm.bias": fused_k.bias})
-        for name, t in named.items():
-            if t is not None:
-                check_dtype(name, t)
+        # The kernels load float16, bfloat16 or float32 and compute in float32: float64 tensors reach them as float32
+        # copies, the output and the gradients coming back in their own dtypes. The op's checks are made
+        # (_check_inputs, fusable_norm, _uses_triton); the cached layout is built for (num_src, num_dst).
+        out_dtype = query.dtype
+        query, key, value, edge_attr = map(_for_kernels, (query, key, value, edge_attr))
+        edge_features, edge_weight, edge_bias = map(_for_kernels, (edge_features, edge_weight, edge_bias))
+        q_weight, q_bias, k_weight, k_bias = map(
+            _for_kernels, (fused_q.weight, fused_q.bias, fused_k.weight, fused_k.bias)
+        )
         layout = cached_layout(edge_index, (num_src, num_dst))
-        return attention_on_checked_inputs(
+        out = attention_on_checked_inputs(
             query, key, value, edge_attr, layout, fused_q.kind or None,
-            fused_q.weight, fused_q.bias, fused_k.weight, fused_k.bias, (fused_q.eps, fused_k.eps),
+            q_weight, q_bias, k_weight, k_bias, (fused_q.eps, fused_k.eps),
             edge_features, edge_weight, edge_bias, None,
         )  # fmt: skip
+        return out.to(out_dtype)
 
     def _edge_projection_fusable(self) -> bool:
         """Whether the kernels can apply lin_edge themselves: a Linear whose forward is torch.nn.Linear's (warns
@@ -279,10 +284,13 @@ class GraphTransformerConv(torch.nn.Module):
     def _check_inputs(self, query, key, value, edge_attr, edge_index, size) -> tuple[int, int]:
         """The layer's own checks, the same for both backends, before any work; returns (N_src, N_dst).
 
-        Index ranges are checked on the way (by GraphLayout or check_edge_index); dtypes the kernels do
-        not support are refused on the Triton path (_forward_triton).
+        Index ranges are checked on the way (by GraphLayout or check_edge_index).
         """
         check_attention_tensors(query, key, value, edge_attr if self.lin_edge is None else None)
+        _refuse_other_dtypes(query, "query")
+        _refuse_other_dtypes(key, "key")
+        _refuse_other_dtypes(value, "value")
+        _refuse_other_dtypes(edge_attr, "edge_attr")
         channels = query.shape[2]
         if channels != self.out_channels:
             raise ValueError(f"query has {channels} channels per head, but out_channels={self.out_channels}")
@@ -303,6 +311,7 @@ class GraphTransformerConv(torch.nn.Module):
             check_norm_eps(norm)
             # The module's own parameters (not named_parameters(): a generator over the module tree, a few us a call)
             for param_name, param in norm._parameters.items():
+                _refuse_other_dtypes(param, name, param_name)
                 if param is not None and param.device != query.device:
                     raise ValueError(
                         f"{name}.{param_name} is on {param.device}, query is on {query.device} (move the module "
@@ -333,8 +342,19 @@ class GraphTransformerConv(torch.nn.Module):
                 f"channels = {heads * self.out_channels}"
             )
         for name, param in self.lin_edge._parameters.items():
+            _refuse_other_dtypes(param, "lin_edge", name)
             if param is not None and param.device != query.device:
                 raise ValueError(f"lin_edge.{name} is on {param.device}, query is on {query.device}")
+
+
+def _refuse_other_dtypes(t: Tensor | None, *name: str) -> None:
+    """LAYER_DTYPES on every backend; the name's parts are joined only for the error (a host path of every call)."""
+    if t is not None and t.dtype not in LAYER_DTYPES:
+        raise TypeError(f"{'.'.join(name)} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+
+
+def _for_kernels(t: Tensor | None) -> Tensor | None:
+    return t.float() if t is not None and t.dtype == torch.float64 else t
 
 
 def _resolve_size(size, num_key_nodes: int, num_query_nodes: int) -> tuple[int, int]:

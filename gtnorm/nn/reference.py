@@ -80,9 +80,10 @@ def reference_graph_transformer_attention(
     edge_weight: Tensor | None = None,  # [D, H * C]
     edge_bias: Tensor | None = None,  # [H * C]
 ) -> Tensor:  # [N_dst, H, C]
-    """The op gtnorm's kernels compute (README.md, top) in plain torch + PyG: optional norms on query and key
-    (normalised over C, weight shared by the heads), then :class:`GraphTransformerMessagePassing`. Runs in any
-    floating dtype, float64 included, on any device; differentiable in everything, norm weights included.
+    """The op gtnorm's kernels compute (docs/functional-op.md, "What it computes") in plain torch + PyG: optional
+    norms on query and key (normalised over C, weight shared by the heads), then
+    :class:`GraphTransformerMessagePassing`. Runs in any floating dtype, float64 included, on any device;
+    differentiable in everything, norm weights included.
 
     With ``edge_features`` (and ``edge_weight``, optionally ``edge_bias``) the edge features are their projection
     edge_features @ edge_weight + edge_bias, viewed [M, H, C] (formed here; the fused kernels never form it)."""

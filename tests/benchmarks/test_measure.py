@@ -51,3 +51,24 @@ def test_gradients_cleared_before_each_estimating_call(recorded_budgets):
 
     measure._gpu_median_ms(step, measure.TimingSettings(rep_ms=1.0, min_calls=4), [leaf])
     assert seen[:2] == [None, None]  # the two estimating calls; do_bench clears its own
+
+
+def test_cpu_calls_take_turns_after_an_untimed_round(monkeypatch):
+    order, clock = [], iter(range(1000))
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(clock))
+    calls = {"fwd": lambda: order.append("fwd"), "fwd_bwd": lambda: order.append("fwd_bwd")}
+    medians = measure.interleaved_cpu_medians_ms(calls, rounds=3)
+    assert order == ["fwd", "fwd_bwd"] * 4  # the first round untimed, then three timed in turn
+    assert medians == {"fwd": 1e3, "fwd_bwd": 1e3}  # each call spans one tick of the stand-in clock
+
+
+def test_cpu_medians_clear_gradients_before_every_call():
+    leaf = torch.zeros(3, requires_grad=True)
+    seen = []
+
+    def step():
+        seen.append(leaf.grad)
+        (leaf * 2).sum().backward()
+
+    measure.interleaved_cpu_medians_ms({"fwd_bwd": step}, rounds=2, leaves=[leaf])
+    assert seen == [None, None, None] and leaf.grad is None

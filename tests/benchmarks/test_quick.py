@@ -2,11 +2,15 @@
 summary it prints, which the README shows too."""
 
 import json
+import re
+import time
 
 import pytest
+import torch
 
 from benchmarks.graphs import quick, run
-from benchmarks.graphs.quick import committed_gpu_summary
+from benchmarks.graphs.catalog import GRAPH_SPECS
+from benchmarks.graphs.quick import committed_gpu_header, committed_gpu_summary
 from tests.benchmarks.test_harness import NUM_DST, NUM_SRC, smoke_graph
 
 
@@ -27,7 +31,8 @@ def test_quick_mode_checks_the_fused_op_and_times_pyg(tmp_path, monkeypatch, cap
     assert all(isinstance(ms, float) and ms > 0 for ms in graph["pyg_ms"].values()), graph["pyg_ms"]
 
     assert "| smoke | encoder |" in printed and "| smoke | encoder |" in (tmp_path / "results.md").read_text()
-    assert committed_gpu_summary() in printed
+    assert "smoke: fused forward+backward (through the Triton interpreter) against PyG: done in" in printed
+    assert committed_gpu_header() + "\n" + committed_gpu_summary() in printed
     assert not (tmp_path / "results.png").exists()
 
 
@@ -36,3 +41,44 @@ def test_quick_is_a_switch(argv):
     assert run.parse_args(argv, on_gpu=False).quick == (argv == ["--quick"])
     assert run.parse_args([], on_gpu=True).quick is False
     assert run.parse_args([], on_gpu=False).quick is True
+
+
+def test_quick_mode_on_a_cpu_checks_an_encoder_a_processor_and_a_decoder():
+    assert run.graphs_to_run(run.parse_args([], on_gpu=False), on_gpu=False) == list(quick.QUICK_GRAPHS)
+    assert sorted(GRAPH_SPECS[name].kind for name in quick.QUICK_GRAPHS) == ["decoder", "encoder", "processor"]
+    assert run.graphs_to_run(run.parse_args(["--suite", "tiny"], on_gpu=False), on_gpu=False)[-1] == "dop_enc_tiny"
+    assert run.graphs_to_run(run.parse_args(["--no-quick"], on_gpu=False), on_gpu=False)[-1] == "dop_enc_tiny"
+    assert run.graphs_to_run(run.parse_args([], on_gpu=True), on_gpu=True)[-1] == "dop_enc_large"
+
+
+def test_the_committed_results_are_dated_and_said_not_measured_now():
+    header, caption = committed_gpu_header(), committed_gpu_summary().splitlines()[0]
+    assert "not measured now" in header and "NVIDIA H200" in header
+    assert re.search(r"run of \d{4}-\d{2}-\d{2}", header) and re.search(r"run of \d{4}-\d{2}-\d{2}", caption)
+
+
+def test_a_forward_timed_slower_than_forward_backward_is_not_reported(monkeypatch):
+    settings = run.Settings(torch.float32, 1, 4, 1e-6, (), run.TimingSettings(cpu_reps=3), check=True)
+    calls = {"fwd": lambda: None, "fwd_bwd": lambda: None}
+    monkeypatch.setattr(quick, "interleaved_cpu_medians_ms", lambda *args: {"fwd": 2.0, "fwd_bwd": 1.0})
+    assert quick.time_pyg(calls, torch.device("cpu"), settings, []) == dict.fromkeys(calls, quick.CONTRADICTED)
+    assert quick._pyg_text(dict.fromkeys(calls, quick.CONTRADICTED)) == quick.CONTRADICTED
+    monkeypatch.setattr(quick, "interleaved_cpu_medians_ms", lambda *args: {"fwd": 1.0, "fwd_bwd": 2.5})
+    timed = quick.time_pyg(calls, torch.device("cpu"), settings, [])
+    assert timed == {"fwd": 1.0, "fwd_bwd": 2.5} and quick._pyg_text(timed) == "1.000 / 2.500 ms"
+
+
+def test_a_long_step_says_that_it_still_runs(capsys):
+    with quick.progress("[1/1] g", "the check", run_start=0.0, every_s=0.05):
+        time.sleep(0.18)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "[1/1] g: the check ..."
+    assert any(line.startswith("[1/1] g:   ... ") for line in lines[1:-1])  # a busy machine may delay some
+    assert lines[-1].startswith("[1/1] g: the check: done in 0.")
+
+
+def test_one_thread_on_the_cpu_then_the_callers_setting_back():
+    threads = torch.get_num_threads()
+    with quick.one_thread_on_cpu(torch.device("cpu")):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == threads

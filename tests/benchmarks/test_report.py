@@ -1,31 +1,45 @@
-"""The report command: the README's generated sections agree with the committed results (CI fails otherwise)."""
+"""The report command: the generated sections of the README and the docs pages agree with the committed results
+(CI fails otherwise), and each names its GPU and the date of its run."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from benchmarks import report
 
 
-def test_readme_agrees_with_the_committed_results(capsys):
-    """After a new run replaces a results folder, `python -m benchmarks.report` rewrites the README."""
+def test_pages_agree_with_the_committed_results(capsys):
+    """After a new run replaces a results folder, `python -m benchmarks.report` rewrites the pages."""
     assert report.main(["--check"]) == 0, capsys.readouterr().out
 
 
-def test_check_fails_when_a_number_changes(tmp_path, monkeypatch):
-    readme = tmp_path / "README.md"
-    readme.write_text(report.README.read_text().replace("| processor r6 | LayerNorm |", "| processor r6 | layer |", 1))
-    monkeypatch.setattr(report, "README", readme)
+@pytest.mark.parametrize("section", sorted(report.PAGES))
+def test_check_fails_when_a_number_changes(monkeypatch, capsys, section):
+    """A results folder whose numbers moved on: --check names the page that no longer agrees with it."""
+    generated = report.sections()
+    changed = {**generated, section: generated[section].replace(" | ", " | 9", 1)}
+    monkeypatch.setattr(report, "sections", lambda: changed)
     assert report.main(["--check"]) == 1
+    page = report.PAGES[section].relative_to(report.REPO).as_posix()
+    assert capsys.readouterr().out.startswith(f"{page}: generated sections differ")
+
+
+def test_every_section_names_its_gpu_and_date():
+    generated = report.sections()
+    assert set(generated) == set(report.PAGES)
+    for name, body in generated.items():
+        caption = body.splitlines()[0]
+        assert "NVIDIA H200" in caption and re.search(r"run of \d{4}-\d{2}-\d{2}", caption), name
 
 
 def test_sections_are_replaced_between_their_markers():
     text = "a\n<!-- report:x -->\nold\n<!-- /report:x -->\nb\n"
-    assert report.readme_with(text, {"x": "new\n"}) == "a\n<!-- report:x -->\nnew\n<!-- /report:x -->\nb\n"
-    with pytest.raises(ValueError, match="markers of the generated section 'y'"):
-        report.readme_with(text, {"y": "new\n"})
+    assert report.page_with(text, {"x": "new\n"}) == "a\n<!-- report:x -->\nnew\n<!-- /report:x -->\nb\n"
+    with pytest.raises(ValueError, match="docs/a.md lacks the markers of the generated section 'y'"):
+        report.page_with(text, {"y": "new\n"}, "docs/a.md")
 
 
 def test_every_cited_results_folder_names_its_command():

@@ -268,7 +268,8 @@ def test_module_copies_after_use():
 def test_auto_uses_triton_exactly_where_it_can_run(monkeypatch, triton_runs):
     calls = []
     monkeypatch.setattr(conv_module, "triton_can_run_on", lambda device: triton_runs)
-    monkeypatch.setattr(conv_module, "attention_on_checked_inputs", lambda *a, **k: calls.append("triton"))
+    # Each stand-in returns the query as the output, which the layer hands back in the query's dtype.
+    monkeypatch.setattr(conv_module, "attention_on_checked_inputs", lambda *a, **k: calls.append("triton") or a[0])
     monkeypatch.setattr(
         conv_module, "reference_graph_transformer_attention", lambda *a, **k: calls.append("pyg") or a[0]
     )
@@ -411,20 +412,64 @@ def test_bad_input_raises_before_any_work(case, backend, monkeypatch):
     assert work == []
 
 
-@pytest.mark.parametrize("what", ["query", "edge_attr", "q_norm.weight", "lin_edge.weight"])
-def test_dtypes_the_kernels_lack_raise_before_any_work(what, monkeypatch):
-    """float64 is valid on the PyG path; the Triton path refuses it by name (the layer checks, not the op)."""
+DTYPE_CASES = ["query", "edge_attr", "q_norm.weight", "lin_edge.weight"]
+
+
+def _conv_and_inputs_with(what, dtype, backend):
+    """A conv and float32 inputs on DEVICE, the input or parameter ``what`` in ``dtype``."""
     graph = make_graph("encoder_like", seed=15)
     lin_edge = what == "lin_edge.weight"
-    conv = make_projection_conv(8, 2, 3) if lin_edge else make_conv(8, backend="triton")
+    conv = make_projection_conv(8, 2, 3, backend=backend) if lin_edge else make_conv(8, backend=backend)
     inputs = projection_inputs(graph, 2, 8, 3) if lin_edge else make_inputs(graph, 2, 8)
     inputs = {k: v.to(DEVICE, torch.float32) for k, v in inputs.items() if v is not None}
     if what in inputs:
-        inputs[what] = inputs[what].double()
+        inputs[what] = inputs[what].to(dtype)
     else:
-        conv.get_parameter(what).data = conv.get_parameter(what).data.double()
+        conv.get_parameter(what).data = conv.get_parameter(what).data.to(dtype)
+    return conv, inputs, graph
+
+
+# What runs in float64 in each case: tensors of the inputs, and modules of the layer (lin_edge with its raw
+# attributes, as a float64 model holds them).
+FLOAT64_CASES = {"query": (["query"], []), "edge_attr": (["edge_attr"], []), "q_norm": ([], ["q_norm"])}
+FLOAT64_CASES["lin_edge"] = (["edge_attr"], ["lin_edge"])
+
+
+@pytest.mark.parametrize("case", sorted(FLOAT64_CASES))
+def test_dtype_float64_runs_on_every_backend(case):
+    """One dtype rule for both backends. The Triton backend hands float64 tensors to the kernels as float32
+    copies; output and gradients come back in their own dtypes, within float32 rounding of the PyG backend's."""
+    tensors, modules = FLOAT64_CASES[case]
+    graph = make_graph("encoder_like", seed=15)
+    inputs = projection_inputs(graph, 2, 8, 3) if case == "lin_edge" else make_inputs(graph, 2, 8)
+    inputs = {
+        k: v.to(DEVICE, torch.float64 if k in tensors else torch.float32) for k, v in inputs.items() if v is not None
+    }
+    grad_out = torch.randn(graph.num_dst, 2, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    results = {}
+    for backend in ("triton", "pyg"):
+        conv = make_projection_conv(8, 2, 3, backend=backend) if case == "lin_edge" else make_conv(8, backend=backend)
+        for module in modules:
+            getattr(conv, module).double()
+        results[backend] = run_conv(conv, inputs, graph, grad_out)
+    (out, grads), (ref_out, ref_grads) = results["triton"], results["pyg"]
+    assert out.dtype == ref_out.dtype == inputs["query"].dtype
+    assert rel_error(out, ref_out) < TOLERANCE
+    assert grads.keys() == ref_grads.keys()
+    for name in grads:
+        float64 = name in tensors or name.split(".")[0] in modules
+        assert grads[name].dtype == ref_grads[name].dtype == (torch.float64 if float64 else torch.float32), name
+        assert grad_error(name, grads, ref_grads) < TOLERANCE, name
+
+
+@pytest.mark.parametrize("backend", ["triton", "pyg"])
+@pytest.mark.parametrize("what", DTYPE_CASES)
+def test_other_dtypes_raise_the_same_error_on_every_backend(what, backend, monkeypatch):
+    conv, inputs, graph = _conv_and_inputs_with(what, torch.float8_e4m3fn, backend)
     monkeypatch.setattr(conv_module, "attention_on_checked_inputs", lambda *a, **k: pytest.fail("ran the op"))
-    with pytest.raises(TypeError, match=f"{what} must be float16, bfloat16 or float32"):
+    monkeypatch.setattr(conv_module, "reference_graph_transformer_attention", lambda *a, **k: pytest.fail("ran PyG"))
+    message = f"^{what} must be float16, bfloat16, float32 or float64, got torch.float8_e4m3fn$"
+    with pytest.raises(TypeError, match=message):
         run_conv(conv, inputs, graph)
 
 
