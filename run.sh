@@ -34,6 +34,7 @@ EXTRAS="test,bench,anemoi"  # one environment for both commands: pytest and ruff
 # anemoi-models declares torch<2.11, so it goes in without its pins (its light dependencies come with the
 # anemoi extra); the Anemoi drop-in's tests and example need it.
 ANEMOI_MODELS="anemoi-models==0.19.0"
+ANEMOI_GRAPHS="anemoi-graphs==0.9.8"  # anemoi-models imports it to build whole models (benchmarks/model)
 CPU_TORCH_INDEX="https://download.pytorch.org/whl/cpu"
 
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }  # the header above
@@ -68,7 +69,7 @@ torch_spec() {
 
 # What the stamp records: a change in any of these reinstalls.
 install_key() {
-  "$PYTHON" - "$EXTRAS $ANEMOI_MODELS sdist" "$(torch_spec)" "${GTNORM_TORCH_PIP_ARGS-<unset>}" "$PWD" <<'EOF'
+  "$PYTHON" - "$EXTRAS $ANEMOI_MODELS $ANEMOI_GRAPHS sdist" "$(torch_spec)" "${GTNORM_TORCH_PIP_ARGS-<unset>}" "$PWD" <<'EOF'
 import hashlib, sys
 digest = hashlib.sha256(open("pyproject.toml", "rb").read())
 digest.update("\0".join(sys.argv[1:]).encode())
@@ -132,7 +133,8 @@ ensure_installed() {
   [[ -x "$VENV_PY" ]] || make_venv
   install_torch
   step "installing gtnorm (editable) with its $EXTRAS extras" "$VENV_PY" -m pip install -q -e ".[$EXTRAS]"
-  step "installing $ANEMOI_MODELS without its dependencies" "$VENV_PY" -m pip install -q --no-deps "$ANEMOI_MODELS"
+  step "installing $ANEMOI_MODELS and $ANEMOI_GRAPHS without their dependencies" \
+    "$VENV_PY" -m pip install -q --no-deps "$ANEMOI_MODELS" "$ANEMOI_GRAPHS"
   # Anemoi's own unit tests come in its source distribution: tests/anemoi/test_upstream.py runs them on the drop-ins.
   step "downloading $ANEMOI_MODELS's source distribution (its unit tests) into $VENV/anemoi-models-sdist" \
     "$VENV_PY" -m pip download -q --no-deps --no-binary :all: -d "$VENV/anemoi-models-sdist" "$ANEMOI_MODELS" ||

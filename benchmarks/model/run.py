@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     layers = args.layers or base.num_layers
     settings = TimingSettings(warmup_ms=100.0, rep_ms=args.rep_ms, min_calls=args.min_calls)
     meta = {"model": asdict(base), "data": asdict(data), "batch_size": 1, "dtype": args.dtype, "rounds": args.rounds}
+    meta["started"] = time.strftime("%Y-%m-%d %H:%M %Z")
     results = {"meta": environment(device) | meta | {"min_calls": args.min_calls}, "rows": []}
     start = time.perf_counter()
     for graph_name in args.graphs:
