@@ -13,7 +13,7 @@ with gtnorm's layout cache and found with no host sync (gtnorm/anemoi/graph_prov
 alone they are found by content, one host sync per new tensor.
 
 Needs anemoi-models 0.19 (tested with 0.19.0; older versions are refused at import, newer ones warned about); see
-the README's "Use in Anemoi" section for installing it.
+docs/anemoi.md ("Installing") for installing it.
 """
 
 try:
