@@ -299,7 +299,7 @@ def parse_args(argv):
 def run_environment(device: torch.device, spec: ModelSpec) -> dict:
     """What a result file records of the machine, the versions and the model's sizes."""
     return {
-        "device": torch.cuda.get_device_name(device),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.machine()})",
         "torch": torch.__version__,
         "triton": version("triton"),
         "anemoi_models": version("anemoi-models"),

@@ -48,35 +48,26 @@ class ForwardTimer:
     (hooks on the modules; a checkpoint's recomputation calls inner functions, not these modules)."""
 
     def __init__(self, model: torch.nn.Module):
-        self.events: dict[str, list] = {}
+        self.starts: dict[str, torch.cuda.Event] = {}
+        self.ends: dict[str, torch.cuda.Event] = {}
         self.handles = []
         for name in MODULES:
             module = getattr(model, name)
             module = module["0"] if isinstance(module, torch.nn.ModuleDict) else module
-            self.handles.append(module.register_forward_pre_hook(self._start(name)))
-            self.handles.append(module.register_forward_hook(self._end(name)))
+            self.handles.append(module.register_forward_pre_hook(lambda *_, name=name: self._record(self.starts, name)))
+            self.handles.append(module.register_forward_hook(lambda *_, name=name: self._record(self.ends, name)))
 
-    def _start(self, name):
-        def hook(module, args):
-            if name not in self.events:
-                self.events[name] = [torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)]
-                self.events[name][0].record()
-
-        return hook
-
-    def _end(self, name):
-        def hook(module, args, output):
-            pair = self.events.get(name)
-            if pair is not None and len(pair) == 2:
-                pair[1].record()
-                pair.append(True)
-
-        return hook
+    @staticmethod
+    def _record(events: dict, name: str) -> None:
+        if name not in events:
+            events[name] = torch.cuda.Event(enable_timing=True)
+            events[name].record()
 
     def take(self) -> dict[str, float]:
+        """ms per module of the step just run (synchronises), and ready for the next step."""
         torch.cuda.synchronize()
-        times = {name: pair[0].elapsed_time(pair[1]) for name, pair in self.events.items() if len(pair) == 3}
-        self.events = {}
+        times = {name: self.starts[name].elapsed_time(end) for name, end in self.ends.items()}
+        self.starts, self.ends = {}, {}
         return times
 
     def remove(self) -> None:

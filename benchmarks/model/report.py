@@ -5,16 +5,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.anemoi.report import _cell, _measured
+from benchmarks.anemoi.report import _ok as _ok_status
 from benchmarks.graphs.report import write_result_files
 
 GRAPH_NAMES = {"o320_r6": "O320 → level 6", "o96_r5": "O96 → level 5", "o2_r0": "O2 → level 0"}
 NORM_NAMES = {"layer": "LayerNorm", "off": "off"}
 MODES = {"train": "training step", "infer": "inference"}
+TIMED_COLUMNS = (("ms", ".1f"), ("peak_mib", ".0f"))  # per mode, as the table's columns
 
 
-def _ok(entry: dict, mode: str) -> dict:
-    measured = entry.get(mode, {})
-    return measured if measured.get("status") == "ok" and measured.get("ms") else {}
+def _ok(row: dict, name: str, mode: str) -> dict:
+    """The variant's measurement in ``mode`` if it ran and was timed, else {}."""
+    measured = _ok_status(row["variants"], name, mode)
+    return measured if measured.get("ms") else {}
 
 
 def best(
@@ -23,9 +27,9 @@ def best(
     """(variant, measurement) of ``side``'s fastest variant in ``mode`` (under the memory cap, if given; with
     ``default_config``, among its compile modes alone, the config's checkpointing kept)."""
     found = [
-        (name, _ok(entry, mode))
-        for name, entry in row["variants"].items()
-        if name.split("/")[0] == side and _ok(entry, mode) and not (default_config and "nockpt" in name)
+        (name, _ok(row, name, mode))
+        for name in row["variants"]
+        if name.split("/")[0] == side and _ok(row, name, mode) and not (default_config and "nockpt" in name)
     ]
     if memory_cap_mib is not None:
         found = [(n, m) for n, m in found if m.get("peak_mib") is not None and m["peak_mib"] <= memory_cap_mib]
@@ -44,14 +48,6 @@ def best_vs_best(row: dict, mode: str, side: str = "gtnorm", capped: bool = True
     if ours is None:
         return None
     return anemoi[1]["ms"] / ours[1]["ms"], anemoi[0], ours[0], anemoi[1].get("peak_mib"), ours[1].get("peak_mib")
-
-
-def _cell(entry: dict, mode: str, key: str, fmt: str) -> str:
-    measured = entry.get(mode, {})
-    if measured.get("status") != "ok":
-        return measured.get("status", "–").split(":")[0]
-    value = measured.get(key)
-    return "–" if value is None else format(value, fmt)
 
 
 def markdown(results: dict) -> str:
@@ -79,13 +75,13 @@ def markdown(results: dict) -> str:
                   f"{row['layers']} processor layers", "", f"Sizes: {row['sizes']}", "",
                   "| variant | step ms | step peak MiB | inference ms | inference peak MiB | first step s "
                   "| modules compiled | output error vs first |", "|" + " --- |" * 8]  # fmt: skip
-        for name, entry in row["variants"].items():
-            error = entry.get("output_rel_error")
+        variants = row["variants"]
+        for name, entry in variants.items():
+            timed = [_measured(variants, name, mode, key, fmt) for mode in MODES for key, fmt in TIMED_COLUMNS]
             lines.append(
-                f"| {name} | {_cell(entry, 'train', 'ms', '.1f')} | {_cell(entry, 'train', 'peak_mib', '.0f')} "
-                f"| {_cell(entry, 'infer', 'ms', '.1f')} | {_cell(entry, 'infer', 'peak_mib', '.0f')} "
-                f"| {_cell_value(entry.get('first_step_s'), '.1f')} | {entry.get('compiled_modules', '–')} "
-                f"| {_cell_value(error, '.1e')} |"
+                f"| {name} | {' | '.join(timed)} "
+                f"| {_cell(entry.get('first_step_s'), '.1f')} | {entry.get('compiled_modules', '–')} "
+                f"| {_cell(entry.get('output_rel_error'), '.1e')} |"
             )
         for mode, mode_name in MODES.items():
             found = best_vs_best(row, mode)
@@ -93,13 +89,9 @@ def markdown(results: dict) -> str:
                 ratio, anemoi, ours, anemoi_mib, our_mib = found
                 lines.append(
                     f"\n{mode_name}: gtnorm's fastest at no more memory ({ours}) is {ratio:.2f}× Anemoi's fastest "
-                    f"({anemoi}); peak {_cell_value(anemoi_mib, '.0f')} → {_cell_value(our_mib, '.0f')} MiB."
+                    f"({anemoi}); peak {_cell(anemoi_mib, '.0f')} → {_cell(our_mib, '.0f')} MiB."
                 )
     return "\n".join(lines) + "\n"
-
-
-def _cell_value(value, fmt: str) -> str:
-    return "–" if value is None else format(value, fmt)
 
 
 def write_outputs(results: dict, out_dir: Path) -> None:

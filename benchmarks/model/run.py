@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
-from importlib.metadata import version
 from pathlib import Path
 
 import torch
 
+from benchmarks.anemoi.run import run_environment
 from benchmarks.graphs.measure import TimingSettings, free_memory, guarded, measure_call, relative_error, retime_call
 from benchmarks.model.build import (
     apply_compile_mode,
@@ -97,6 +96,10 @@ class Case:
         self.dtype, self.device = dtype, device
         self.leaves = list(self.model.parameters())
 
+    def calls(self) -> tuple:
+        """(mode, call, the leaves whose gradients it makes) for the training step and inference."""
+        return ("train", self.train, self.leaves), ("infer", self.infer, [])
+
     def train(self) -> None:
         self.runnable.train()
         with torch.autocast(self.device.type, dtype=self.dtype):
@@ -117,15 +120,6 @@ def first_call_s(fn, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def environment(device: torch.device) -> dict:
-    """What a result file records of the machine and the versions."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.machine()})"
-    versions = {package: version(package) for package in ("torch", "triton", "anemoi-models")}
-    return {"device": name, "python": platform.python_version()} | {
-        key.replace("-", "_"): value for key, value in versions.items()
-    }
-
-
 def measure_variants(cases: list[Case], settings: TimingSettings, rounds: int) -> dict:
     """Every case's first step, then its timed steps and peak memory, then more rounds of every case in turn
     (each time the median over the rounds: alternating spreads the machine's drift over all cases)."""
@@ -142,7 +136,7 @@ def measure_variants(cases: list[Case], settings: TimingSettings, rounds: int) -
         out, _ = guarded(case.infer)
         if out is not None:
             outputs[case.variant.name] = out.float()
-        for mode, fn, leaves in (("train", case.train, case.leaves), ("infer", case.infer, [])):
+        for mode, fn, leaves in case.calls():
             measured = asdict(measure_call(fn, device, settings, leaves))
             measured["ms_rounds"] = [measured["ms"]] if measured["ms"] is not None else []
             if measured.get("extra_mib") is not None:  # the model's own state + what its step allocates
@@ -153,7 +147,7 @@ def measure_variants(cases: list[Case], settings: TimingSettings, rounds: int) -
     for _ in range(rounds - 1):
         for case in cases:
             entry = row[case.variant.name]
-            for mode, fn, leaves in (("train", case.train, case.leaves), ("infer", case.infer, [])):
+            for mode, fn, leaves in case.calls():
                 if entry[mode].get("ms_rounds"):
                     ms = retime_call(fn, case.device, settings, leaves)
                     if ms is not None:
@@ -204,9 +198,9 @@ def main(argv: list[str] | None = None) -> dict:
     base = ModelSpec(**TINY_MODEL) if args.tiny else ModelSpec()
     layers = args.layers or base.num_layers
     settings = TimingSettings(warmup_ms=100.0, rep_ms=args.rep_ms, min_calls=args.min_calls)
-    meta = {"model": asdict(base), "data": asdict(data), "batch_size": 1, "dtype": args.dtype, "rounds": args.rounds}
+    meta = {"data": asdict(data), "batch_size": 1, "dtype": args.dtype, "rounds": args.rounds}
     meta["started"] = time.strftime("%Y-%m-%d %H:%M %Z")
-    results = {"meta": environment(device) | meta | {"min_calls": args.min_calls}, "rows": []}
+    results = {"meta": run_environment(device, base) | meta | {"min_calls": args.min_calls}, "rows": []}
     start = time.perf_counter()
     for graph_name in args.graphs:
         graph = build_model_graph(graph_name, verbose=True)
