@@ -20,10 +20,15 @@ Pass 1, by destination:
 Pass 2, by source:
     dS_ij = a_ij (da_ij - D_i),  dv_j = sum_i a_ij dO_i,  dk'_j = sum_i dS_ij q'_i / sqrt(C),
     de_ij = a_ij dO_i + dS_ij q'_i / sqrt(C)   (written in the caller's edge order).
-Each pass finishes a node with the norm's backward of its row (from the raw q or k and recomputed statistics:
-rstd, and the mean for LayerNorm) and adds that row's weight and bias gradient terms to an fp32 partial row of its
+Each pass finishes a node with the norm's backward of its row (from the raw q or k and its statistics: rstd, and
+the mean for LayerNorm) and adds that row's weight and bias gradient terms to an fp32 partial row of its
 own ([weight | bias] columns, one row per program); the host sums the partial rows in a fixed order, so the
 parameter gradients are bitwise reproducible.
+The query's statistics are reduced once per destination, by pass 1, which leaves them in fp32 scratch [N_dst, 2, H]
+(mean, rstd) for pass 2 and the edge projection's kernels: pass 2 gathers q at every edge, and reducing each
+gathered row over C again cost that pass more than its loads (LayerNorm: two reductions per row). Where pass 2
+writes no de (no edge rows), it leaves q's affine out of its per-edge sums: dk' = w_q * sum_i dS_ij rstd_i
+(q_i - mean_i) / sqrt(C) + b_q sum_i dS_ij / sqrt(C).
 
 With EDGE_PROJ (e = x W + b from raw attributes x, edge_projection.py) neither pass reads or writes an [H, C] row
 per edge. Pass 1 takes e's terms of the scores and of da from the edge's D attributes and the node's q' and dO
@@ -38,9 +43,11 @@ import triton.language as tl
 
 from gtnorm.triton.edge_projection import feature_tile_offsets, features_dot, load_edge_features
 from gtnorm.triton.tiles import (
+    NORM_LAYER,
     NORM_NONE,
     load_norm_param,
     load_row,
+    load_row_stats,
     norm_apply,
     norm_stats,
     normalize_heads,
@@ -56,13 +63,13 @@ from gtnorm.triton.tiles import (
 
 @triton.jit
 def _by_destination_step(
-    delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, feature_a, feature_a_da, pos, start,
-    end, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, query_proj_ptr, grad_out_proj_ptr,
+    delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, feature_a, feature_a_da, pos, start, end,
+    query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, query_proj_ptr, grad_out_proj_ptr,
     csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr, grad_query_ptr, attn_ptr, grad_attn_ptr,
-    delta_ptr, feature_sums_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, feature_offsets, feature_mask, H,
-    row_len, C, score_scale, sm_scale, eps_q, eps_k, HAS_EDGE_ATTR: tl.constexpr, EDGE_PROJ: tl.constexpr,
-    EDGE_DIM: tl.constexpr, HAS_EDGE_BIAS: tl.constexpr, NORM: tl.constexpr, HAS_Q_WEIGHT: tl.constexpr,
-    HAS_Q_BIAS: tl.constexpr, BLOCK_D: tl.constexpr,
+    delta_ptr, query_stats_ptr, feature_sums_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h, feature_offsets,
+    feature_mask, H, row_len, C, score_scale, sm_scale, eps_q, eps_k, HAS_EDGE_ATTR: tl.constexpr,
+    EDGE_PROJ: tl.constexpr, EDGE_DIM: tl.constexpr, HAS_EDGE_BIAS: tl.constexpr, NORM: tl.constexpr,
+    HAS_Q_WEIGHT: tl.constexpr, HAS_Q_BIAS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Folds the edge at by-destination position pos into its node's sums (delta = sum a (da - shift), a_sum,
     A, B; [BLOCK_H] or [BLOCK_H, BLOCK_C]) and stores its a and da; at the node's last edge, writes dq and D.
@@ -148,6 +155,10 @@ def _by_destination_step(
                 grad_b_q += tl.sum(grad_q_norm, axis=0)
         store_row(grad_query_ptr, node, offsets, mask, row_len, grad_q)
         tl.store(delta_ptr + node.to(tl.int64) * H + offs_h, node_delta + shift, mask=head_mask)
+        if NORM != NORM_NONE:
+            stats_row = query_stats_ptr + node.to(tl.int64) * (2 * H) + offs_h[:, None]
+            tl.store(stats_row, mean_q, mask=head_mask[:, None])
+            tl.store(stats_row + H, rstd_q, mask=head_mask[:, None])
     return delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, feature_a, feature_a_da
 
 
@@ -174,6 +185,7 @@ def edge_softmax_backward_by_destination_kernel(
     attn_ptr,  # [M, H] fp32 out: a, by caller's edge id
     grad_attn_ptr,  # [M, H] fp32 out: da = <dO, v + e>, by caller's edge id
     delta_ptr,  # [N_dst, H] fp32 out: D
+    query_stats_ptr,  # [N_dst, 2, H] fp32 out: the query norm's mean (0 for RMSNorm) and rstd (unused with NORM_NONE)
     feature_sums_ptr,  # [N_dst, 2, H, EDGE_DIM + HAS_EDGE_BIAS] fp32 out: P, S (unused without EDGE_PROJ)
     q_param_grad_partial_ptr,  # [programs, partial_width] fp32 out: [weight | bias] columns, a row per program
     q_partial_width,  # C for each of the query norm's weight and bias that exists
@@ -228,11 +240,11 @@ def edge_softmax_backward_by_destination_kernel(
         (
             delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, feature_a, feature_a_da,
         ) = _by_destination_step(
-            delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, feature_a, feature_a_da, pos,
-            start, end, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, query_proj_ptr,
+            delta, shift, a_sum, acc_a, acc_b, mean_q, rstd_q, grad_w_q, grad_b_q, feature_a, feature_a_da, pos, start,
+            end, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, query_proj_ptr,
             grad_out_proj_ptr, csc_dst_ptr, csc_src_ptr, csc_edge_id_ptr, grad_out_ptr, lse_ptr, grad_query_ptr,
-            attn_ptr, grad_attn_ptr, delta_ptr, feature_sums_ptr, w_q, b_q, w_k, b_k, offsets, mask, offs_h,
-            feature_offsets, feature_mask, H, row_len, C, score_scale, sm_scale, eps_q, eps_k, HAS_EDGE_ATTR,
+            attn_ptr, grad_attn_ptr, delta_ptr, query_stats_ptr, feature_sums_ptr, w_q, b_q, w_k, b_k, offsets, mask,
+            offs_h, feature_offsets, feature_mask, H, row_len, C, score_scale, sm_scale, eps_q, eps_k, HAS_EDGE_ATTR,
             EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, HAS_Q_WEIGHT, HAS_Q_BIAS, BLOCK_D,
         )  # fmt: skip
 
@@ -245,13 +257,16 @@ def edge_softmax_backward_by_destination_kernel(
 
 @triton.jit
 def _by_source_step(
-    grad_v, grad_k, grad_w_k, grad_b_k, pos, start, end, query_ptr, key_ptr, csr_src_ptr, csr_dst_ptr,
-    csr_edge_id_ptr, grad_out_ptr, attn_ptr, grad_attn_ptr, delta_ptr, grad_key_ptr, grad_value_ptr,
-    grad_edge_attr_ptr, w_q, b_q, w_k, offsets, mask, offs_h, H, row_len, C, sm_scale, eps_q, eps_k,
-    HAS_EDGE_ATTR: tl.constexpr, NORM: tl.constexpr, HAS_K_WEIGHT: tl.constexpr, HAS_K_BIAS: tl.constexpr,
+    grad_v, grad_k, grad_k_bias, grad_w_k, grad_b_k, pos, start, end, query_ptr, key_ptr, csr_src_ptr, csr_dst_ptr,
+    csr_edge_id_ptr, grad_out_ptr, attn_ptr, grad_attn_ptr, delta_ptr, query_stats_ptr, grad_key_ptr, grad_value_ptr,
+    grad_edge_attr_ptr, w_q, b_q, w_k, offsets, mask, offs_h, H, row_len, C, sm_scale, eps_k,
+    HAS_EDGE_ATTR: tl.constexpr, NORM: tl.constexpr, HAS_Q_BIAS: tl.constexpr, HAS_K_WEIGHT: tl.constexpr,
+    HAS_K_BIAS: tl.constexpr,
 ):
     """Adds the edge at by-source position pos to its source's dv and dk' [BLOCK_H, BLOCK_C] and writes its de;
-    at the source's last edge, writes its dk and dv."""
+    at the source's last edge, writes its dk and dv. Without edge rows and with a norm, grad_k holds
+    sum dS rstd_q (q - mean_q) / sqrt(C) and grad_k_bias [BLOCK_H] sum dS / sqrt(C), q's affine applied at the
+    source's last edge (module docstring)."""
     node, first, last = walk_position(csr_src_ptr, pos, start, end)
     dst = tl.load(csr_dst_ptr + pos)
     edge_id = tl.load(csr_edge_id_ptr + pos)
@@ -261,11 +276,21 @@ def _by_source_step(
     da = tl.load(grad_attn_ptr + edge_head, mask=head_mask, other=0.0)
     delta = tl.load(delta_ptr + dst.to(tl.int64) * H + offs_h, mask=head_mask, other=0.0)
     d_out = load_row(grad_out_ptr, dst, offsets, mask, row_len)
-    q = normalize_heads(load_row(query_ptr, dst, offsets, mask, row_len), w_q, b_q, C, eps_q, NORM)
-    grad_s = a * (da - delta)  # [BLOCK_H]
+    q = load_row(query_ptr, dst, offsets, mask, row_len)
+    grad_s = a * (da - delta) * sm_scale  # [BLOCK_H], dS / sqrt(C)
     a_d_out = a[:, None] * d_out
-    grad_s_q = grad_s[:, None] * q * sm_scale
     grad_v = tl.where(first, 0.0, grad_v) + a_d_out
+    coef = grad_s[:, None]  # [BLOCK_H, 1]: what multiplies q in dk'
+    if NORM != NORM_NONE:
+        mean_q, rstd_q = load_row_stats(query_stats_ptr, dst, offs_h, H, NORM)
+        if HAS_EDGE_ATTR:
+            q = norm_apply(q, mean_q, rstd_q, w_q[None, :], b_q[None, :], NORM)
+        else:
+            if NORM == NORM_LAYER:
+                q -= mean_q
+            grad_k_bias = tl.where(first, 0.0, grad_k_bias) + grad_s
+            coef = coef * rstd_q
+    grad_s_q = coef * q
     grad_k = tl.where(first, 0.0, grad_k) + grad_s_q
     if HAS_EDGE_ATTR:
         store_streamed_row(grad_edge_attr_ptr, edge_id, offsets, mask, row_len, a_d_out + grad_s_q)
@@ -276,15 +301,20 @@ def _by_source_step(
     if last:
         grad_key = grad_k
         if NORM != NORM_NONE:
+            grad_k_norm = grad_k  # dL/dk'
+            if not HAS_EDGE_ATTR:
+                grad_k_norm = grad_k * w_q[None, :]
+                if HAS_Q_BIAS:
+                    grad_k_norm += grad_k_bias[:, None] * b_q[None, :]
             mean_k, rstd_k = norm_stats(k_raw, C, eps_k, NORM)
-            grad_key, k_hat = normalize_heads_backward(k_raw, mean_k, rstd_k, w_k[None, :], grad_k, mask, C, NORM)
+            grad_key, k_hat = normalize_heads_backward(k_raw, mean_k, rstd_k, w_k[None, :], grad_k_norm, mask, C, NORM)
             if HAS_K_WEIGHT:
-                grad_w_k += grad_k * k_hat
+                grad_w_k += grad_k_norm * k_hat
             if HAS_K_BIAS:
-                grad_b_k += grad_k
+                grad_b_k += grad_k_norm
         store_streamed_row(grad_key_ptr, node, offsets, mask, row_len, grad_key)
         store_streamed_row(grad_value_ptr, node, offsets, mask, row_len, grad_v)
-    return grad_v, grad_k, grad_w_k, grad_b_k
+    return grad_v, grad_k, grad_k_bias, grad_w_k, grad_b_k
 
 
 @triton.jit
@@ -302,6 +332,7 @@ def edge_softmax_backward_by_source_kernel(
     attn_ptr,  # [M, H] fp32: a, by caller's edge id
     grad_attn_ptr,  # [M, H] fp32: da, by caller's edge id
     delta_ptr,  # [N_dst, H] fp32: D
+    query_stats_ptr,  # [N_dst, 2, H] fp32: the query norm's mean and rstd, from pass 1 (unused with NORM_NONE)
     grad_key_ptr,  # [N_src, H, C] out; rows of nodes without edges are left to the caller
     grad_value_ptr,  # [N_src, H, C] out, likewise
     grad_edge_attr_ptr,  # [M, H, C] caller's edge order (unused without HAS_EDGE_ATTR)
@@ -312,7 +343,6 @@ def edge_softmax_backward_by_source_kernel(
     H,
     C: tl.constexpr,  # a constexpr, as in the by-destination kernel
     sm_scale,  # 1 / sqrt(C)
-    eps_q,
     eps_k,
     HAS_EDGE_ATTR: tl.constexpr,
     NORM: tl.constexpr,  # tiles.NORM_NONE / NORM_RMS / NORM_LAYER
@@ -337,12 +367,13 @@ def edge_softmax_backward_by_source_kernel(
     grad_b_k = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
     grad_v = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
     grad_k = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
+    grad_k_bias = tl.zeros([BLOCK_H], tl.float32)
     for pos in tl.range(start, end, num_stages=NUM_STAGES):
-        grad_v, grad_k, grad_w_k, grad_b_k = _by_source_step(
-            grad_v, grad_k, grad_w_k, grad_b_k, pos, start, end, query_ptr, key_ptr, csr_src_ptr, csr_dst_ptr,
-            csr_edge_id_ptr, grad_out_ptr, attn_ptr, grad_attn_ptr, delta_ptr, grad_key_ptr, grad_value_ptr,
-            grad_edge_attr_ptr, w_q, b_q, w_k, offsets, mask, offs_h, H, row_len, C, sm_scale, eps_q, eps_k,
-            HAS_EDGE_ATTR, NORM, HAS_K_WEIGHT, HAS_K_BIAS,
+        grad_v, grad_k, grad_k_bias, grad_w_k, grad_b_k = _by_source_step(
+            grad_v, grad_k, grad_k_bias, grad_w_k, grad_b_k, pos, start, end, query_ptr, key_ptr, csr_src_ptr,
+            csr_dst_ptr, csr_edge_id_ptr, grad_out_ptr, attn_ptr, grad_attn_ptr, delta_ptr, query_stats_ptr,
+            grad_key_ptr, grad_value_ptr, grad_edge_attr_ptr, w_q, b_q, w_k, offsets, mask, offs_h, H, row_len, C,
+            sm_scale, eps_k, HAS_EDGE_ATTR, NORM, HAS_Q_BIAS, HAS_K_WEIGHT, HAS_K_BIAS,
         )  # fmt: skip
 
     if NORM != NORM_NONE:

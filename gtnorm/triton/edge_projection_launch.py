@@ -109,7 +109,7 @@ class EdgeProjection:
         q_norm_weight: Tensor | None,  # [C]
         q_norm_bias: Tensor | None,  # [C]
         norm: int,  # NORM_CODES
-        eps_q: float,
+        query_stats: Tensor | None,  # [N_dst, 2 * H] fp32: the query norm's mean and rstd (by-destination pass)
     ) -> tuple[Tensor, Tensor | None]:  # d edge_weight [D, H * C], d edge_bias [H * C]
         """dW and db from the per-destination sums (edge_weight_grad_kernel.py)."""
         num_dst, num_heads, head_dim = query.shape
@@ -123,8 +123,8 @@ class EdgeProjection:
         programs = cdiv(max(num_dst, 1), nodes_per_program)
         partial = new_output((programs, extended_dim, num_heads * head_dim), torch.float32, query.device)
         launch_edge_weight_grad[(programs, num_heads, chunks)](
-            feature_sums, query, grad_out, *or_fallback(query, q_norm_weight, q_norm_bias), partial,
-            num_dst, nodes_per_program, num_heads, head_dim, eps_q,
+            feature_sums, query, *or_fallback(feature_sums, query_stats), grad_out,
+            *or_fallback(query, q_norm_weight, q_norm_bias), partial, num_dst, nodes_per_program, num_heads, head_dim,
             D1=extended_dim, NORM=norm, HAS_Q_WEIGHT=q_norm_weight is not None, HAS_Q_BIAS=q_norm_bias is not None,
             BLOCK_N=block_n, BLOCK_D=self.block_d, **tile,
         )  # fmt: skip

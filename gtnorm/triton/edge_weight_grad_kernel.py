@@ -12,20 +12,22 @@ many partial rows per program (~900 MB on the large graphs); grouped by destinat
 [D + 1, N_dst] by [N_dst, C] matrices, which tl.dot runs on the tensor cores. Each program takes one head and one
 stretch of destinations and writes one [D + 1, C] partial block; there are at most a few per SM (config.py), so
 the partials stay a few MB, and the host sums them over the stretches in a fixed order: bitwise reproducible.
-Heads wider than the plan's channel tile take one program per tile of BLOCK_C channels (grid axis 2, CHUNKED), the
-query's norm statistics then read from the whole row in tiles (chunked_norm_stats).
+Heads wider than the plan's channel tile take one program per tile of BLOCK_C channels (grid axis 2, CHUNKED). The
+query's norm statistics come from the by-destination pass (backward_kernels.py), so a tile of q is normalised
+without reading the rest of its row.
 """
 
 import triton
 import triton.language as tl
 
-from gtnorm.triton.tiles import NORM_NONE, chunked_norm_stats, load_norm_param, norm_apply, normalize_heads
+from gtnorm.triton.tiles import NORM_NONE, load_head_stats, load_norm_param, norm_apply
 
 
 @triton.jit
 def edge_weight_grad_kernel(
     feature_sums_ptr,  # [N_dst, 2, H, D1] fp32: P then S (module docstring); rows of nodes without edges are 0
     query_ptr,  # [N_dst, H, C]
+    query_stats_ptr,  # [N_dst, 2, H] fp32: the query norm's mean and rstd (unused with NORM_NONE)
     grad_out_ptr,  # [N_dst, H, C]
     q_weight_ptr,  # [C] (unused without HAS_Q_WEIGHT)
     q_bias_ptr,  # [C] (unused without HAS_Q_BIAS)
@@ -34,7 +36,6 @@ def edge_weight_grad_kernel(
     nodes_per_program,  # a multiple of BLOCK_N
     H,
     C,
-    eps_q,
     D1: tl.constexpr,  # extended rows of the weight: D, plus 1 with a bias
     NORM: tl.constexpr,  # tiles.NORM_NONE / NORM_RMS / NORM_LAYER
     HAS_Q_WEIGHT: tl.constexpr,
@@ -65,15 +66,9 @@ def edge_weight_grad_kernel(
         row_offsets = nodes[:, None] * (H * C) + head * C + offs_c[None, :]
         d_out = tl.load(grad_out_ptr + row_offsets, mask=row_mask, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_C]
         q = tl.load(query_ptr + row_offsets, mask=row_mask, other=0.0).to(tl.float32)
-        if CHUNKED:
-            if NORM != NORM_NONE:
-                head_offsets = nodes[:, None] * (H * C) + tl.arange(0, BLOCK_C)[None, :]
-                mean, rstd = chunked_norm_stats(
-                    query_ptr + head * C, head_offsets, node_mask, C, eps_q, NORM, BLOCK_C
-                )
-                q = norm_apply(q, mean, rstd, w_q, b_q, NORM)
-        else:
-            q = normalize_heads(q, w_q, b_q, C, eps_q, NORM)
+        if NORM != NORM_NONE:
+            mean, rstd = load_head_stats(query_stats_ptr, nodes[:, None] * (2 * H), node_mask, head, H, NORM)
+            q = norm_apply(q, mean, rstd, w_q, b_q, NORM)
         # tf32x3: fp32 accuracy (three tf32 products) at tensor-core speed; plain tf32 would round dW to ~1e-3.
         acc += tl.dot(tl.trans(attn_sum), d_out, input_precision="tf32x3")
         acc += tl.dot(tl.trans(grad_s_sum), q, input_precision="tf32x3")

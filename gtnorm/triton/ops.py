@@ -220,8 +220,10 @@ def attention_backward(
     q_partial_rows = dst_programs * by_dst.head_groups
     q_partial_rows += projection.partial_rows(num_dst, num_heads, head_dim) if edge_proj and normed else 0
     k_partial_rows = src_programs * by_src.head_groups
-    # attn [M, H], dS [M, H], delta [N_dst, H], the partial rows [rows, width].
+    # attn [M, H], dS [M, H], delta [N_dst, H], the query norm's statistics [N_dst, 2, H] (backward_kernels.py),
+    # the partial rows [rows, width].
     scratch = [num_edges * num_heads, num_edges * num_heads, num_dst * num_heads]
+    scratch += [num_dst * 2 * num_heads if normed else 0]
     scratch += [q_partial_rows * q_partial_width, k_partial_rows * k_partial_width]
     # With the edge projection, per destination: P = sum a x and S = sum dS x / sqrt(C) over its edges
     # (backward_kernels.py), and dO projected onto the edge weights. Scratch that a call does not use is not
@@ -229,7 +231,8 @@ def attention_backward(
     if edge_proj:
         extended_dim = extended_dim_of(edge_features, edge_bias)
         scratch += [num_dst * 2 * num_heads * extended_dim, num_dst * num_heads * extended_dim]
-    attn, grad_attn, delta, q_partial, k_partial, *projection_scratch = _fp32_scratch(device, scratch)
+    attn, grad_attn, delta, query_stats, q_partial, k_partial, *projection_scratch = _fp32_scratch(device, scratch)
+    query_stats = query_stats if normed else None
     q_partial = _shaped(q_partial, q_partial_rows, q_partial_width)
     k_partial = _shaped(k_partial, k_partial_rows, k_partial_width)
     feature_sums = grad_out_proj = None
@@ -250,6 +253,9 @@ def attention_backward(
         _zero_rows((grad_key, grad_value), src_without_edges)
         if edge_proj:  # the edge weights' gradient sums over every destination
             _zero_rows((feature_sums,), dst_without_edges)
+            if normed:  # and so reads the query's statistics of every destination
+                query_stats = _shaped(query_stats, num_dst, 2 * num_heads)
+                _zero_rows((query_stats,), dst_without_edges)
             projection.project(grad_out, None, None, NORM_CODES["none"], 0.0, grad_out_proj)
         if dst_programs:
             launch_by_destination_walk[(dst_programs, by_dst.head_groups)](
@@ -258,7 +264,8 @@ def attention_backward(
                 q_weight, q_bias, k_weight, k_bias,
                 dst_offsets, csc_dst, csc_src, csc_edge_id,
                 grad_out, lse,
-                grad_query, attn, grad_attn, delta, *_or(attn, feature_sums), q_partial, q_partial_width,
+                grad_query, attn, grad_attn, delta, *_or(attn, query_stats, feature_sums),
+                q_partial, q_partial_width,
                 dst_slots, dst_per_program, num_heads, head_dim, LOG2E * sm_scale, sm_scale, eps_q, eps_k,
                 **edge_projection_flags,
                 BLOCK_H=by_dst.block_h, NUM_STAGES=by_dst.num_stages, num_warps=by_dst.num_warps,
@@ -273,10 +280,10 @@ def attention_backward(
             launch_by_source_walk[(src_programs, by_src.head_groups)](
                 query, key, q_weight, q_bias, k_weight,
                 src_offsets, csr_src, csr_dst, csr_edge_id,
-                grad_out, attn, grad_attn, delta,
+                grad_out, attn, grad_attn, delta, *_or(attn, query_stats),
                 grad_key, grad_value, grad_edge_attr if has_edge_attr else query,
                 k_partial, k_partial_width,
-                src_slots, src_per_program, num_heads, head_dim, sm_scale, eps_q, eps_k,
+                src_slots, src_per_program, num_heads, head_dim, sm_scale, eps_k,
                 BLOCK_H=by_src.block_h, NUM_STAGES=by_src.num_stages, num_warps=by_src.num_warps,
                 **by_src.compile_options(), **flags,
             )  # fmt: skip
@@ -291,7 +298,8 @@ def attention_backward(
         grad_edge_weight = grad_edge_bias = None
         if edge_proj:
             grad_edge_weight, grad_edge_bias = projection.weight_grads(
-                feature_sums, query, grad_out, q_norm_weight, q_norm_bias, NORM_CODES[qk_norm], eps_q
+                feature_sums, query, grad_out, q_norm_weight, q_norm_bias, NORM_CODES[qk_norm],
+                query_stats,
             )
     return (
         grad_query, grad_key, grad_value, grad_edge_attr, grad_edge_features, grad_edge_weight, grad_edge_bias,
