@@ -19,7 +19,9 @@ from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.triton.config import launch_config_for
 
 RMS_VARIANTS = ("pyg", "pyg_compiled", "unfused", "unfused_compiled_norm", "fused")
-LAYER_NORM_VARIANTS = ("pyg_layer", "unfused_layer", "unfused_compiled_layer", "anemoi_layer", "fused_layer")
+LAYER_NORM_VARIANTS = (
+    "pyg_layer", "unfused_layer", "unfused_compiled_layer", "anemoi_layer", "anemoi_compiled_layer", "fused_layer"
+)
 PROJECTION_VARIANTS = ("lin_edge_fused_layer", "fused_projection")
 # Kernels of others that live outside this repository, run only when the user names their files
 # (benchmarks/peer_kernels.py; `python -m benchmarks.graphs --anemoi-fused-qk PATH`).
@@ -28,9 +30,11 @@ VARIANTS = (*RMS_VARIANTS, *LAYER_NORM_VARIANTS, "no_norm", *PROJECTION_VARIANTS
 # Raw attributes per edge of the projection variants: Anemoi's lin_edge input (edge length, direction and
 # trainable edge parameters) is about this wide.
 EDGE_DIM = 11
-COMPILED_VARIANTS = frozenset({"pyg_compiled", "unfused_compiled_norm", "unfused_compiled_layer"})
+COMPILED_VARIANTS = frozenset(
+    {"pyg_compiled", "unfused_compiled_norm", "unfused_compiled_layer", "anemoi_compiled_layer"}
+)
 # Anemoi's kernel is a CUDA-only custom op (device_types="cuda"): it has no interpreter path.
-CUDA_ONLY_VARIANTS = frozenset({"anemoi_layer", "anemoi_fused_qk"})
+CUDA_ONLY_VARIANTS = frozenset({"anemoi_layer", "anemoi_compiled_layer", "anemoi_fused_qk"})
 DESCRIPTIONS = {
     "pyg": "torch.nn.RMSNorm on q, k + the PyG MessagePassing of GraphTransformerConv(backend='pyg'), eager",
     "pyg_compiled": "the pyg variant under torch.compile",
@@ -43,6 +47,8 @@ DESCRIPTIONS = {
     "anemoi_layer": "eager F.layer_norm on q, k + Anemoi's Triton kernel (anemoi.models.triton.gt), CSC built once "
     "outside the timed region, edge features gathered into CSC order inside it only where the edges are not "
     "sorted by destination (as Anemoi's block does)",
+    "anemoi_compiled_layer": "torch.compile'd F.layer_norm on q, k + Anemoi's Triton kernel: what an Anemoi user who "
+    "compiles runs (the anemoi_layer path otherwise)",
     "fused_layer": "gtnorm.graph_transformer_attention(qk_norm='layer'): LayerNorm (weight, bias) inside the kernels",
     "no_norm": "gtnorm.graph_transformer_attention(qk_norm=False) on the raw q, k: the same kernels without the "
     "norm, so another function (not in the accuracy check); what the fused norm's cost is measured against",
@@ -277,9 +283,10 @@ def _build_layer_norm_variant(name: str, inputs: BenchInputs) -> Variant:
             ),  # fmt: skip
             leaves,
         )
-    if name == "anemoi_layer":
-        return Variant(name, _anemoi_attention(inputs, layer_norm), leaves)
-    norm = torch.compile(layer_norm, dynamic=False) if name == "unfused_compiled_layer" else layer_norm
+    compiled = name in ("unfused_compiled_layer", "anemoi_compiled_layer")
+    norm = torch.compile(layer_norm, dynamic=False) if compiled else layer_norm
+    if name in ("anemoi_layer", "anemoi_compiled_layer"):
+        return Variant(name, _anemoi_attention(inputs, norm), leaves)
     return Variant(
         name, lambda: gtnorm.graph_transformer_attention(norm(q, wq, bq), norm(k, wk, bk), v, e, layout), leaves
     )

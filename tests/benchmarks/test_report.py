@@ -54,7 +54,7 @@ def test_every_cited_results_folder_names_its_command():
 def test_figure_covers_level5_to_the_largest_graph(tmp_path):
     pytest.importorskip("matplotlib")
     points = report.speedup_points()
-    assert len(points) == 4
+    assert len(points) == 5
     edges = [e for series in points.values() for e, _ in series]
     assert min(edges) < 100_000 and max(edges) > 1_000_000  # level 5 / O96 ... the DOP encoder
     report.write_figure(tmp_path / "speedup.png")
