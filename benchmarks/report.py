@@ -24,13 +24,21 @@ from benchmarks.results_date import run_date
 
 RESULTS = REPO / "benchmarks" / "results"
 IN_BLOCK = RESULTS / "h200" / "anemoi"
+# The bare op on the other GPU kind, from its own run (its table sits in docs/performance.md).
+H100_GRAPHS = RESULTS / "h100" / "graphs"
 WHOLE_MODEL = RESULTS / "h200" / "model"
 SEVERAL_GPUS = RESULTS / "h200x2" / "distributed"
 FIGURE = RESULTS / "h200" / "speedup.png"
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 # The page of each generated section: the README keeps the bare op's table, the topics' pages the others.
-PAGES = {"model": README, "kernel": README, "in-block": DOCS / "anemoi.md", "several-gpus": DOCS / "several-gpus.md"}
+PAGES = {
+    "model": README,
+    "kernel": README,
+    "kernel-h100": DOCS / "performance.md",
+    "in-block": DOCS / "anemoi.md",
+    "several-gpus": DOCS / "several-gpus.md",
+}
 NORM_NAMES = {"layer": "LayerNorm", "rms": "RMSNorm", "off": "off"}
 
 
@@ -173,6 +181,7 @@ def sections() -> dict[str, str]:
     return {
         "model": model_table(),
         "kernel": committed_gpu_summary(COMMITTED_GPU_RESULTS),
+        "kernel-h100": committed_gpu_summary(H100_GRAPHS),
         "in-block": in_block_table(),
         "several-gpus": several_gpus_table(),
     }
