@@ -193,11 +193,13 @@ def test_key_norm_bias_changes_nothing_and_gets_an_exact_zero_gradient():
     assert rel_error(out, ref_out) < 1e-5
 
 
-def test_layer_norm_rows_with_a_large_mean():
+@pytest.mark.parametrize("edge_attr", [True, False], ids=["edge_attr", "no_edge_attr"])
+def test_layer_norm_rows_with_a_large_mean(edge_attr):
     """Query and key rows offset by +-10 times their spread: the two-pass statistics (gtnorm/layernorm/math.py)
-    keep the float32 tolerance there (one pass lost 0.5-2e-5 on such rows)."""
+    keep the float32 tolerance there (one pass lost 0.5-2e-5 on such rows). Without edge rows the by-source pass
+    sums dS rstd (q - mean) and applies q's affine once per source (backward_kernels.py): the same tolerance."""
     graph = make_graph("encoder_like")
-    inputs = make_inputs(graph, 2, 64, torch.float64, qk_norm="layer")
+    inputs = make_inputs(graph, 2, 64, torch.float64, edge_attr=edge_attr, qk_norm="layer")
     for name in ("query", "key"):
         rows = inputs[name].shape[:2]
         inputs[name] = inputs[name] + 10 * torch.randn(*rows, 1, dtype=torch.float64).sign()
