@@ -46,8 +46,8 @@ from gtnorm.triton.tiles import (
     NORM_LAYER,
     NORM_NONE,
     load_norm_param,
+    load_norm_stats,
     load_row,
-    load_row_stats,
     norm_apply,
     norm_stats,
     normalize_heads,
@@ -282,7 +282,8 @@ def _by_source_step(
     grad_v = tl.where(first, 0.0, grad_v) + a_d_out
     coef = grad_s[:, None]  # [BLOCK_H, 1]: what multiplies q in dk'
     if NORM != NORM_NONE:
-        mean_q, rstd_q = load_row_stats(query_stats_ptr, dst, offs_h, H, NORM)
+        stats_offsets = dst.to(tl.int64) * (2 * H) + offs_h[:, None]  # [BLOCK_H, 1]
+        mean_q, rstd_q = load_norm_stats(query_stats_ptr, stats_offsets, head_mask[:, None], H, NORM)
         if HAS_EDGE_ATTR:
             q = norm_apply(q, mean_q, rstd_q, w_q[None, :], b_q[None, :], NORM)
         else:

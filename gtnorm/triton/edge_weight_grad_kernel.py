@@ -20,7 +20,7 @@ without reading the rest of its row.
 import triton
 import triton.language as tl
 
-from gtnorm.triton.tiles import NORM_NONE, load_head_stats, load_norm_param, norm_apply
+from gtnorm.triton.tiles import NORM_NONE, load_norm_param, load_norm_stats, norm_apply
 
 
 @triton.jit
@@ -67,7 +67,8 @@ def edge_weight_grad_kernel(
         d_out = tl.load(grad_out_ptr + row_offsets, mask=row_mask, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_C]
         q = tl.load(query_ptr + row_offsets, mask=row_mask, other=0.0).to(tl.float32)
         if NORM != NORM_NONE:
-            mean, rstd = load_head_stats(query_stats_ptr, nodes[:, None] * (2 * H), node_mask, head, H, NORM)
+            stats_offsets = nodes[:, None] * (2 * H) + head  # [BLOCK_N, 1]
+            mean, rstd = load_norm_stats(query_stats_ptr, stats_offsets, node_mask[:, None], H, NORM)
             q = norm_apply(q, mean, rstd, w_q, b_q, NORM)
         # tf32x3: fp32 accuracy (three tf32 products) at tensor-core speed; plain tf32 would round dW to ~1e-3.
         acc += tl.dot(tl.trans(attn_sum), d_out, input_precision="tf32x3")

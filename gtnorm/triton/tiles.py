@@ -134,21 +134,6 @@ def norm_apply(x, mean, rstd, w, b, NORM: tl.constexpr):
 
 
 @triton.jit
-def load_head_stats(stats_ptr, stats_offsets, node_mask, head, H, NORM: tl.constexpr):
-    """(mean, rstd) [BLOCK_N, 1] of one head of a block of rows, from [N, 2, H] fp32 statistics (mean, then rstd;
-    ``stats_offsets``: [BLOCK_N, 1] of the rows, node * 2H): 0 on masked nodes, mean 0 unless LayerNorm, both 0 with
-    NORM_NONE (nothing read)."""
-    stats = stats_ptr + stats_offsets + head
-    mean = tl.zeros(stats_offsets.shape, tl.float32)
-    rstd = tl.zeros(stats_offsets.shape, tl.float32)
-    if NORM != NORM_NONE:
-        rstd = tl.load(stats + H, mask=node_mask[:, None], other=0.0)
-    if NORM == NORM_LAYER:
-        mean = tl.load(stats, mask=node_mask[:, None], other=0.0)
-    return mean, rstd
-
-
-@triton.jit
 def normalize_heads(x, w, b, C, eps, NORM: tl.constexpr):
     """The norm of every head of a [..., BLOCK_H, BLOCK_C] tile (weight and bias shared by the heads), or x
     itself with NORM_NONE."""
@@ -163,14 +148,13 @@ def normalize_heads(x, w, b, C, eps, NORM: tl.constexpr):
 
 
 @triton.jit
-def load_row_stats(stats_ptr, row, offs_h, H, NORM: tl.constexpr):
-    """(mean, rstd) [BLOCK_H, 1] of heads offs_h of row ``row`` from [N, 2, H] fp32 statistics (mean, then rstd);
-    mean 0 unless LayerNorm."""
-    stats = stats_ptr + row.to(tl.int64) * (2 * H) + offs_h
-    rstd = tl.load(stats + H, mask=offs_h < H, other=0.0)[:, None]
+def load_norm_stats(stats_ptr, offsets, mask, H, NORM: tl.constexpr):
+    """(mean, rstd) at ``offsets`` (node * 2H + head, any shape) of [N, 2, H] fp32 statistics (each head's mean, then
+    its rstd), shaped as offsets; 0 where masked, mean 0 unless LayerNorm."""
+    rstd = tl.load(stats_ptr + offsets + H, mask=mask, other=0.0)
     mean = tl.zeros_like(rstd)
     if NORM == NORM_LAYER:
-        mean = tl.load(stats, mask=offs_h < H, other=0.0)[:, None]
+        mean = tl.load(stats_ptr + offsets, mask=mask, other=0.0)
     return mean, rstd
 
 
