@@ -19,7 +19,7 @@ from pathlib import Path
 
 from benchmarks.anemoi.report import _measured, best_speedup, memory_saving, speedup
 from benchmarks.graphs.quick import COMMITTED_GPU_RESULTS, REPO, committed_gpu_summary
-from benchmarks.model.report import GRAPH_NAMES, best_vs_best
+from benchmarks.model.report import readme_table as model_readme_table
 from benchmarks.results_date import run_date
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -147,34 +147,7 @@ def several_gpus_table(folder: Path = SEVERAL_GPUS) -> str:
 
 def model_table(folder: Path = WHOLE_MODEL) -> str:
     """The whole model (anemoi-training's default config): each side's fastest compile mode, step and inference."""
-    results = _load(folder)
-    meta = results["meta"]
-    lines = [
-        f"{meta['device']}, run of {run_date(folder)}; anemoi-models {meta['anemoi_models']}, torch "
-        f"{meta['torch'].split('+')[0]}; AnemoiModelEncProcDec from anemoi-training's default graph-transformer "
-        f"config (16-layer processor and mappers in 4 checkpointed chunks, 11 raw edge attributes of which 8 "
-        f"trainable), {meta['data']['num_variables']} variables, batch 1, {meta['dtype']} autocast; medians of "
-        f"{meta['rounds']} alternating rounds; from {folder.relative_to(REPO).as_posix()}/. Each side in its fastest "
-        "compile mode (the default `compile:` list compiles nothing; `blocks` lists the side's block classes). "
-        "Training step / inference ms and the step's peak MiB:",
-        "",
-        "| model | QK norm | Anemoi, fastest mode | gtnorm, fastest mode | speed-up step / inference "
-        "| peak MiB, Anemoi → gtnorm |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for row in results["rows"]:
-        train, infer = best_vs_best(row, "train"), best_vs_best(row, "infer")
-        if train is None or infer is None:
-            continue
-        anemoi_ms = row["variants"][train[1]]["train"]["ms"], row["variants"][infer[1]]["infer"]["ms"]
-        gtnorm_ms = row["variants"][train[2]]["train"]["ms"], row["variants"][infer[2]]["infer"]["ms"]
-        lines.append(
-            f"| {GRAPH_NAMES[row['graph']]} | {NORM_NAMES[row['norm']]} "
-            f"| {anemoi_ms[0]:.1f} / {anemoi_ms[1]:.1f} ({train[1].split('/')[1]} / {infer[1].split('/')[1]}) "
-            f"| {gtnorm_ms[0]:.1f} / {gtnorm_ms[1]:.1f} ({train[2].split('/')[1]} / {infer[2].split('/')[1]}) "
-            f"| {_x(train[0])} / {_x(infer[0])} | {train[3]:,.0f} → {train[4]:,.0f} |"
-        )
-    return "\n".join(lines) + "\n"
+    return model_readme_table(_load(folder), f"{folder.relative_to(REPO).as_posix()}/")
 
 
 def sections() -> dict[str, str]:

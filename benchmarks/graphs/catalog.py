@@ -171,8 +171,9 @@ def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(env) if env else DEFAULT_CACHE_DIR
 
 
-def cache_path(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    return resolve_cache_dir(cache_dir) / f"{name}-{GRAPH_SPECS[name].cache_key()}.pt"
+def cache_path(name: str, cache_dir: str | os.PathLike | None = None, spec: GraphSpec | None = None) -> Path:
+    spec = GRAPH_SPECS[name] if spec is None else spec
+    return resolve_cache_dir(cache_dir) / f"{name}-{spec.cache_key()}.pt"
 
 
 def _read_cached(path: Path, name: str, spec: GraphSpec) -> BenchGraph | None:
@@ -219,8 +220,14 @@ def load_graph(name: str, cache_dir: str | os.PathLike | None = None, verbose: b
     """The named graph, read from the on-disk cache or built (and stored) on a miss."""
     if name not in GRAPH_SPECS:
         raise KeyError(f"unknown graph {name!r}; known: {', '.join(GRAPH_SPECS)}")
-    spec = GRAPH_SPECS[name]
-    path = cache_path(name, cache_dir)
+    return load_spec_graph(name, GRAPH_SPECS[name], cache_dir, verbose)
+
+
+def load_spec_graph(
+    name: str, spec: GraphSpec, cache_dir: str | os.PathLike | None = None, verbose: bool = False
+) -> BenchGraph:
+    """The graph of ``spec`` (named ``name``, in the catalog or not), read from the cache or built and stored."""
+    path = cache_path(name, cache_dir, spec)
     graph = _read_cached(path, name, spec)
     if graph is not None:
         if verbose:

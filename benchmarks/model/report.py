@@ -9,10 +9,17 @@ from benchmarks.anemoi.report import _cell, _measured
 from benchmarks.anemoi.report import _ok as _ok_status
 from benchmarks.graphs.report import write_result_files
 
-GRAPH_NAMES = {"o320_r6": "O320 → level 6", "o96_r5": "O96 → level 5", "o2_r0": "O2 → level 0"}
+GRAPH_NAMES = {
+    "o1280_r7": "O1280 → level 7",
+    "o800_r7": "O800 → level 7",
+    "o320_r6": "O320 → level 6",
+    "o96_r5": "O96 → level 5",
+    "o2_r0": "O2 → level 0",
+}
 NORM_NAMES = {"layer": "LayerNorm", "off": "off"}
 MODES = {"train": "training step", "infer": "inference"}
 TIMED_COLUMNS = (("ms", ".1f"), ("peak_mib", ".0f"))  # per mode, as the table's columns
+DEFAULT_MAPPER_CHUNKS = 4  # rows from before the chunk axis ran the config's
 
 
 def _ok(row: dict, name: str, mode: str) -> dict:
@@ -21,33 +28,47 @@ def _ok(row: dict, name: str, mode: str) -> dict:
     return measured if measured.get("ms") else {}
 
 
-def best(
-    row: dict, side: str, mode: str, memory_cap_mib: float | None = None, default_config: bool = False
-) -> tuple[str, dict] | None:
-    """(variant, measurement) of ``side``'s fastest variant in ``mode`` (under the memory cap, if given; with
-    ``default_config``, among its compile modes alone, the config's checkpointing kept)."""
+def _in_default_config(name: str) -> bool:
+    """Whether a variant runs the config as users have it: checkpointing on (``nockpt`` trades memory for time)."""
+    return "nockpt" not in name.split("/")[2:]
+
+
+def best(row: dict, side: str, mode: str) -> tuple[str, dict] | None:
+    """(variant, measurement) of ``side``'s fastest variant in ``mode`` among those that run the default config
+    (any compile mode; ``efull`` is the same config with gtnorm's lin_edge materialised)."""
     found = [
         (name, _ok(row, name, mode))
         for name in row["variants"]
-        if name.split("/")[0] == side and _ok(row, name, mode) and not (default_config and "nockpt" in name)
+        if name.split("/")[0] == side and _in_default_config(name) and _ok(row, name, mode)
     ]
-    if memory_cap_mib is not None:
-        found = [(n, m) for n, m in found if m.get("peak_mib") is not None and m["peak_mib"] <= memory_cap_mib]
     return min(found, key=lambda item: item[1]["ms"]) if found else None
 
 
-def best_vs_best(row: dict, mode: str, side: str = "gtnorm", capped: bool = True) -> tuple | None:
-    """(speed-up, Anemoi's best variant, side's best variant, peak MiB Anemoi, peak MiB side): the side's fastest
-    variant that needs no more memory than Anemoi's fastest (``capped``) against Anemoi's fastest compile mode
-    with the default config (checkpointing on: the memory Anemoi users chose)."""
-    anemoi = best(row, "anemoi", mode, default_config=True)
-    if anemoi is None:
-        return None
-    cap = anemoi[1].get("peak_mib") if capped else None
-    ours = best(row, side, mode, cap)
-    if ours is None:
+def best_vs_best(row: dict, mode: str, side: str = "gtnorm") -> tuple | None:
+    """(speed-up, Anemoi's best variant, side's best variant, peak MiB Anemoi, peak MiB side): each side's fastest
+    variant by one rule (best)."""
+    anemoi, ours = best(row, "anemoi", mode), best(row, side, mode)
+    if anemoi is None or ours is None:
         return None
     return anemoi[1]["ms"] / ours[1]["ms"], anemoi[0], ours[0], anemoi[1].get("peak_mib"), ours[1].get("peak_mib")
+
+
+def ratio_range(row: dict, mode: str, anemoi: str, ours: str) -> tuple[float, float] | None:
+    """The speed-up's range over the rounds, (Anemoi's fastest round / our slowest, Anemoi's slowest / our
+    fastest); None with a single round."""
+    a, g = row["variants"][anemoi][mode].get("ms_rounds", []), row["variants"][ours][mode].get("ms_rounds", [])
+    if len(a) < 2 or len(g) < 2:
+        return None
+    return min(a) / max(g), max(a) / min(g)
+
+
+def failure(row: dict, side: str) -> str | None:
+    """Why none of ``side``'s variants gave a training step: the first variant's status (crash, OOM, error)."""
+    for name, entry in row["variants"].items():
+        if name.split("/")[0] == side:
+            status = entry.get("train", {}).get("status", "not run")
+            return f"{status[:120]} ({name.split('/')[1]})"
+    return None
 
 
 def markdown(results: dict) -> str:
@@ -62,8 +83,10 @@ def markdown(results: dict) -> str:
         "checkpointed chunks, mappers in 4 chunks, edge attributes 3 + 8 trainable, 8 trainable node parameters; "
         f"{data['num_variables']} variables, {data['n_step_input']} input steps, batch {meta['batch_size']}, "
         f"{meta['dtype']} autocast. Training step = forward, MSE, backward. Times: median ms over {meta['rounds']} "
-        f"alternating rounds (each at least {meta['min_calls']} timed calls). Peak MiB: the model's parameters "
-        "and buffers plus the most its step allocates. First step: seconds, compiling included.",
+        f"rounds (each at least {meta['min_calls']} timed calls; "
+        f"{'each variant in its own process' if meta.get('isolated') else 'variants alternating'}). Peak MiB: the "
+        "model's parameters and buffers, what the side keeps between steps (where recorded) and the most its step "
+        "allocates. First step: seconds, compiling included.",
         "",
         "Variants: SIDE/MODE. anemoi = Anemoi's Triton backend; gtnorm = the built model converted by "
         "use_gtnorm_attention; gtnorm_config = the config switch alone. default = the default `compile:` list "
@@ -72,7 +95,8 @@ def markdown(results: dict) -> str:
     ]
     for row in results["rows"]:
         lines += ["", f"## {GRAPH_NAMES.get(row['graph'], row['graph'])}, QK norm {NORM_NAMES[row['norm']]}, "
-                  f"{row['layers']} processor layers", "", f"Sizes: {row['sizes']}", "",
+                  f"{row['layers']} processor layers, mapper chunks {row.get('mapper_chunks', DEFAULT_MAPPER_CHUNKS)}",
+                  "", f"Sizes: {row['sizes']}", "",
                   "| variant | step ms | step peak MiB | inference ms | inference peak MiB | first step s "
                   "| modules compiled | output error vs first |", "|" + " --- |" * 8]  # fmt: skip
         variants = row["variants"]
@@ -88,8 +112,8 @@ def markdown(results: dict) -> str:
             if found:
                 ratio, anemoi, ours, anemoi_mib, our_mib = found
                 lines.append(
-                    f"\n{mode_name}: gtnorm's fastest at no more memory ({ours}) is {ratio:.2f}× Anemoi's fastest "
-                    f"({anemoi}); peak {_cell(anemoi_mib, '.0f')} → {_cell(our_mib, '.0f')} MiB."
+                    f"\n{mode_name}: gtnorm's fastest ({ours}) is {ratio:.2f}× Anemoi's fastest ({anemoi}); peak "
+                    f"{_cell(anemoi_mib, '.0f')} → {_cell(our_mib, '.0f')} MiB."
                 )
     return "\n".join(lines) + "\n"
 
@@ -104,3 +128,78 @@ def print_summary(results: dict) -> None:
             found = best_vs_best(row, mode)
             text = "not measured" if found is None else f"{found[0]:.2f}x ({found[2]} vs {found[1]})"
             print(f"{row['graph']} {row['norm']} {mode_name}: gtnorm best vs Anemoi best {text}")
+
+
+def _modes(row: dict, side: str) -> list[str]:
+    found = {name.split("/")[1] for name in row["variants"] if name.split("/")[0] == side}
+    return [mode for mode in ("default", "blocks", "whole") if mode in found]
+
+
+def _side_cell(row: dict, side: str, train: tuple | None, infer: tuple | None) -> str:
+    """'step / inference ms (step's mode / inference's mode)', or why the side has no step."""
+    if train is None:
+        return failure(row, side) or "not run"
+    step = row["variants"][train[0]]["train"]["ms"]
+    inference = f"{row['variants'][infer[0]]['infer']['ms']:.1f}" if infer else "–"
+    return f"{step:.1f} / {inference} ({train[0].split('/')[1]} / {infer[0].split('/')[1] if infer else '–'})"
+
+
+def _speedup_cell(row: dict, mode: str) -> str:
+    found = best_vs_best(row, mode)
+    if found is None:
+        return "–"
+    spread = ratio_range(row, mode, found[1], found[2])
+    return f"{found[0]:.2f}×" + (f" ({spread[0]:.2f}–{spread[1]:.2f})" if spread else "")
+
+
+def _peak(measured: tuple | None, row: dict) -> str:
+    if measured is None or measured[1].get("peak_mib") is None:
+        return "–"
+    kept = "persistent_mib" in row["variants"][measured[0]]
+    return f"{measured[1]['peak_mib']:,.0f}" + ("" if kept else "*")
+
+
+def _run(row: dict, meta: dict) -> dict:
+    """The row's run (device, started, commit): its own record, else the results file's."""
+    return row.get("run") or {key: meta.get(key) for key in ("device", "started", "commit")}
+
+
+def _run_cell(row: dict, meta: dict) -> str:
+    run = _run(row, meta)
+    device = (run.get("device") or "").replace("NVIDIA ", "")
+    return f"{(run.get('started') or '–').split()[0]}, {device}, {run.get('commit') or 'commit not recorded'}"
+
+
+def readme_table(results: dict, source: str) -> str:
+    """The README's table: per row each side's fastest measured mode (one rule for both: best), the speed-up with
+    its range over the rounds, peak memory, the modes measured and the run the row comes from."""
+    meta = results["meta"]
+    runs = [_run(row, meta) for row in results["rows"]]
+    devices = " and ".join(dict.fromkeys(run["device"] for run in runs))
+    dates = " and ".join(dict.fromkeys((run.get("started") or "date not recorded").split()[0] for run in runs))
+    lines = [
+        f"{devices}, run of {dates} (each row's run: its last column); anemoi-models {meta['anemoi_models']}, torch "
+        f"{meta['torch'].split('+')[0]}; AnemoiModelEncProcDec from anemoi-training's default "
+        "graph-transformer config (16-layer processor in 4 checkpointed chunks, mappers in the row's chunks, "
+        f"checkpointed; 11 raw edge attributes of which 8 trainable), {meta['data']['num_variables']} variables, "
+        f"batch 1, {meta['dtype']} autocast; medians over rounds; from {source}. Each side in the fastest of the "
+        "compile modes the row measured for it (default: the default `compile:` list, which compiles nothing; "
+        "blocks: the side's block classes listed; whole: torch.compile of the model); a side that failed shows why. "
+        "Speed-up: the medians' ratio, in brackets its range over the rounds. Peak: parameters, buffers, what the "
+        "side keeps between steps and the step's allocations (* = a row recorded before what is kept was counted: "
+        "gtnorm's layout caches left out). Training step / inference ms:",
+        "",
+        "| model | mapper chunks | QK norm | Anemoi, fastest mode | gtnorm, fastest mode | speed-up step "
+        "| speed-up inference | step's peak MiB, Anemoi → gtnorm | modes measured, Anemoi; gtnorm | run |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in results["rows"]:
+        bests = {side: (best(row, side, "train"), best(row, side, "infer")) for side in ("anemoi", "gtnorm")}
+        lines.append(
+            f"| {GRAPH_NAMES[row['graph']]} | {row.get('mapper_chunks', DEFAULT_MAPPER_CHUNKS)} "
+            f"| {NORM_NAMES[row['norm']]} | {_side_cell(row, 'anemoi', *bests['anemoi'])} "
+            f"| {_side_cell(row, 'gtnorm', *bests['gtnorm'])} | {_speedup_cell(row, 'train')} "
+            f"| {_speedup_cell(row, 'infer')} | {_peak(bests['anemoi'][0], row)} → {_peak(bests['gtnorm'][0], row)} "
+            f"| {', '.join(_modes(row, 'anemoi'))}; {', '.join(_modes(row, 'gtnorm'))} | {_run_cell(row, meta)} |"
+        )
+    return "\n".join(lines) + "\n"

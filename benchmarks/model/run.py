@@ -5,6 +5,7 @@ included), in alternating rounds.
 
     python -m benchmarks.model --out benchmarks/out/model                  # O96 -> r5 and O320 -> r6, LN and off
     python -m benchmarks.model --graphs o96_r5 --norms off --variants anemoi/blocks gtnorm/blocks
+    python -m benchmarks.model --graphs o1280_r7 --norms layer --mapper-chunks 4 16 --isolate   # 9 km
 
 Variants are SIDE/MODE[/OPTION] (benchmarks/model/build.py): sides anemoi, gtnorm (the built model converted by
 use_gtnorm_attention), gtnorm_config (the config switch alone); modes default (the default ``compile:`` list,
@@ -14,13 +15,23 @@ gtnorm's blocks with ``lin_edge`` materialised instead of fused into the kernels
 Needs a CUDA device (Anemoi's Triton backend runs on CUDA only); ``--tiny`` runs a tiny model on the O2 -> level-0
 graph, on the CPU too (gtnorm through the Triton interpreter, Anemoi on its PyG fallback; a check that the
 benchmark runs, not a measurement). Writes results.json and results.md.
+
+``--mapper-chunks`` is an axis (the encoder's and decoder's ``num_chunks``; the config's is 4). ``--isolate`` runs
+each variant in a process of its own, as a training run would: one that crashes (an illegal memory access leaves
+the process's CUDA context unusable) or runs out of memory is a row of the table, with its error, and cannot
+disturb the others; memory is then each process's own. Rounds then alternate within a variant only.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -28,7 +39,15 @@ from pathlib import Path
 import torch
 
 from benchmarks.anemoi.run import run_environment
-from benchmarks.graphs.measure import TimingSettings, free_memory, guarded, measure_call, relative_error, retime_call
+from benchmarks.graphs.measure import (
+    TimingSettings,
+    clear_grads,
+    free_memory,
+    guarded,
+    measure_call,
+    relative_error,
+    retime_call,
+)
 from benchmarks.model.build import (
     apply_compile_mode,
     build_model,
@@ -120,13 +139,22 @@ def first_call_s(fn, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def measure_variants(cases: list[Case], settings: TimingSettings, rounds: int) -> dict:
+def _allocated_mib(device: torch.device) -> float:
+    if device.type != "cuda":
+        return 0.0
+    torch.cuda.synchronize(device)
+    return torch.cuda.memory_allocated(device) / 2**20
+
+
+def measure_variants(cases: list[Case], settings: TimingSettings, rounds: int) -> tuple[dict, dict]:
     """Every case's first step, then its timed steps and peak memory, then more rounds of every case in turn
-    (each time the median over the rounds: alternating spreads the machine's drift over all cases)."""
+    (each time the median over the rounds: alternating spreads the machine's drift over all cases).
+    Returns (the row's variants, each variant's inference output on the CPU)."""
     row, outputs = {}, {}
     for case in cases:
         device = case.device
         entry = {"compiled_modules": len(case.compiled), "state_mib": case.state_mib}
+        before = _allocated_mib(device)
         first, status = guarded(lambda case=case: first_call_s(case.train, case.device))
         entry["first_step_s"] = first
         if first is None:
@@ -135,12 +163,17 @@ def measure_variants(cases: list[Case], settings: TimingSettings, rounds: int) -
             continue
         out, _ = guarded(case.infer)
         if out is not None:
-            outputs[case.variant.name] = out.float()
+            outputs[case.variant.name] = out.float().cpu()  # on the device it would count in the next variant's peak
+        del out
+        clear_grads(case.leaves)
+        # What the side keeps on the device from one step to the next (gtnorm's layout and partition caches):
+        # allocated outside every timed call, so counted in the peak here, by the same rule for both sides.
+        entry["persistent_mib"] = _allocated_mib(device) - before
         for mode, fn, leaves in case.calls():
             measured = asdict(measure_call(fn, device, settings, leaves))
             measured["ms_rounds"] = [measured["ms"]] if measured["ms"] is not None else []
-            if measured.get("extra_mib") is not None:  # the model's own state + what its step allocates
-                measured["peak_mib"] = case.state_mib + measured["extra_mib"]
+            if measured.get("extra_mib") is not None:  # the model's state + what it keeps + what its step allocates
+                measured["peak_mib"] = case.state_mib + entry["persistent_mib"] + measured["extra_mib"]
             entry[mode] = measured
         row[case.variant.name] = entry
         free_memory()
@@ -156,11 +189,52 @@ def measure_variants(cases: list[Case], settings: TimingSettings, rounds: int) -
         for mode in ("train", "infer"):
             if entry[mode].get("ms_rounds"):
                 entry[mode]["ms"] = statistics.median(entry[mode]["ms_rounds"])
-    reference = outputs.get(cases[0].variant.name)
-    if reference is not None:
-        for name, out in outputs.items():
-            row[name]["output_rel_error"] = relative_error(out, reference)
-    return row
+    return row, outputs
+
+
+def compare_outputs(row: dict, outputs: dict) -> None:
+    """Each variant's inference output against the row's first variant's (relative error, in the row)."""
+    names = [name for name in row if name in outputs]
+    if names:
+        reference = outputs[names[0]]
+        for name in names:
+            row[name]["output_rel_error"] = relative_error(outputs[name], reference)
+
+
+def run_isolated(args, graph_name: str, norm: str, chunks: int, variant: str, scratch: Path) -> tuple[dict, object]:
+    """One variant measured by ``python -m benchmarks.model`` in a child process: (its entry, its inference output
+    or None). A child that dies gives an entry whose status says how, from its last lines of output."""
+    out = scratch / variant.replace("/", "_")
+    command = [
+        sys.executable, "-m", "benchmarks.model", "--graphs", graph_name, "--norms", norm, "--variants", variant,
+        "--mapper-chunks", str(chunks), "--dtype", args.dtype, "--rounds", str(args.rounds), "--rep-ms",
+        str(args.rep_ms), "--min-calls", str(args.min_calls), "--out", str(out), "--save-output", str(out / "out.pt"),
+        *(["--layers", str(args.layers)] if args.layers else []), *(["--tiny"] if args.tiny else []),
+    ]  # fmt: skip
+    tail = collections.deque(maxlen=30)
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as child:
+        for line in child.stdout:
+            print(f"    {variant}: {line}", end="", flush=True)
+            tail.append(line.strip())
+    results = out / "results.json"
+    if child.returncode == 0 and results.is_file():
+        entry = json.loads(results.read_text())["rows"][0]["variants"][variant]
+        saved = out / "out.pt"
+        return entry, torch.load(saved) if saved.is_file() else None
+    errors = [line for line in tail if "Error" in line or "error" in line]
+    why = (errors or list(tail) or ["no output"])[-1][:240]
+    status = f"crash (exit code {child.returncode}): {why}"
+    return {"first_step_s": None, "train": {"status": status}, "infer": {"status": status}}, None
+
+
+def git_commit() -> str | None:
+    """The code's commit (GTNORM_COMMIT where the checkout has no .git, as on a machine it was copied to)."""
+    found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    commit = found.stdout.strip() if found.returncode == 0 else os.environ.get("GTNORM_COMMIT")
+    if commit and found.returncode == 0:
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        commit += "+changes" if dirty.stdout.strip() else ""
+    return commit
 
 
 def parse_args(argv):
@@ -174,6 +248,10 @@ def parse_args(argv):
     parser.add_argument("--rep-ms", type=float, default=1000.0, help="do_bench's measuring budget per timing")
     parser.add_argument("--min-calls", type=int, default=4, help="timed calls per round at least")
     parser.add_argument("--layers", type=int, default=None, help="processor layers (default: the config's 16)")
+    parser.add_argument("--mapper-chunks", nargs="+", type=int, default=None,
+                        help="the mappers' num_chunks, an axis (default: the config's 4)")  # fmt: skip
+    parser.add_argument("--isolate", action="store_true", help="each variant in its own process (see above)")
+    parser.add_argument("--save-output", type=Path, default=None, help=argparse.SUPPRESS)  # --isolate's children
     parser.add_argument("--tiny", action="store_true", help="a tiny model on o2_r0, CPU allowed: runs, not timed")
     args = parser.parse_args(argv)
     args.graphs = args.graphs or (["o2_r0"] if args.tiny else ["o96_r5", "o320_r6"])
@@ -200,7 +278,10 @@ def main(argv: list[str] | None = None) -> dict:
     settings = TimingSettings(warmup_ms=100.0, rep_ms=args.rep_ms, min_calls=args.min_calls)
     meta = {"data": asdict(data), "batch_size": 1, "dtype": args.dtype, "rounds": args.rounds}
     meta["started"] = time.strftime("%Y-%m-%d %H:%M %Z")
+    meta |= {"commit": git_commit(), "isolated": args.isolate}
     results = {"meta": run_environment(device, base) | meta | {"min_calls": args.min_calls}, "rows": []}
+    # Every row says which run it came from: rows of several runs can share a results file.
+    provenance = {key: results["meta"][key] for key in ("device", "started", "commit")}
     start = time.perf_counter()
     for graph_name in args.graphs:
         graph = build_model_graph(graph_name, verbose=True)
@@ -208,17 +289,34 @@ def main(argv: list[str] | None = None) -> dict:
             f"{src}_to_{dst}_edges": graph[(src, "to", dst)].edge_index.shape[1] for src, _, dst in graph.edge_types
         }
         for norm in args.norms:
-            torch._dynamo.reset()  # a new training process: no earlier row's compilations count towards limits
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            spec = replace(base, qk_norm=norm == "layer", num_layers=layers)
-            cases = [Case(v, spec, data, graph, DTYPES[args.dtype], device) for v in variants]
-            row = {"graph": graph_name, "norm": norm, "sizes": sizes, "layers": layers}
-            row["variants"] = measure_variants(cases, settings, args.rounds)
-            results["rows"].append(row)
-            print(f"[{time.perf_counter() - start:6.0f} s] {graph_name} {norm} done", flush=True)
-            del cases
-            free_memory()
-            results["meta"]["wall_s"] = time.perf_counter() - start
-            write_outputs(results, args.out)  # after every row: a later failure keeps what was measured
+            for chunks in args.mapper_chunks or [base.mapper_chunks]:
+                spec = replace(base, qk_norm=norm == "layer", num_layers=layers, mapper_chunks=chunks)
+                row = {"graph": graph_name, "norm": norm, "mapper_chunks": chunks, "sizes": sizes, "layers": layers}
+                row["run"] = provenance
+                if args.isolate:
+                    row["variants"], outputs = {}, {}
+                    with tempfile.TemporaryDirectory() as scratch:
+                        for variant in args.variants:
+                            entry, out = run_isolated(args, graph_name, norm, chunks, variant, Path(scratch))
+                            row["variants"][variant] = entry
+                            if out is not None:
+                                outputs[variant] = out.float()
+                else:
+                    # A new training process's compiler state: no earlier row's compilations count towards its
+                    # limits (which stay torch's defaults, as anemoi-training leaves them).
+                    torch._dynamo.reset()
+                    cases = [Case(v, spec, data, graph, DTYPES[args.dtype], device) for v in variants]
+                    row["variants"], outputs = measure_variants(cases, settings, args.rounds)
+                    del cases
+                    free_memory()
+                    if args.save_output is not None and outputs:
+                        args.save_output.parent.mkdir(parents=True, exist_ok=True)
+                        torch.save(next(iter(outputs.values())).half(), args.save_output)
+                compare_outputs(row["variants"], outputs)
+                del outputs
+                results["rows"].append(row)
+                print(f"[{time.perf_counter() - start:6.0f} s] {graph_name} {norm} {chunks} chunks done", flush=True)
+                results["meta"]["wall_s"] = time.perf_counter() - start
+                write_outputs(results, args.out)  # after every row: a later failure keeps what was measured
     print_summary(results)
     return results
