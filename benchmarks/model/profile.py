@@ -130,7 +130,6 @@ def main(argv: list[str] | None = None) -> None:
     print(f"## {args.graph}, QK norm {args.norm}, {args.dtype}: per training step (ms)")
     for name in args.variants:
         torch._dynamo.reset()
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         case = Case(Variant.parse(name), spec, data, graph, DTYPES[args.dtype], device)
         p = profile_case(case, args.steps)
         gpu = sum(p["gpu_ms_by_kind"].values())
