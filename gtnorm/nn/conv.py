@@ -357,6 +357,13 @@ def _for_kernels(t: Tensor | None) -> Tensor | None:
     return t.float() if t is not None and t.dtype == torch.float64 else t
 
 
+def _node_count(n) -> int:
+    # Under torch.compile a size taken from a tensor's shape is a symbolic int (an int to the tracer):
+    # operator.index would specialise it to this call's number, and make every new size (each mapper chunk's
+    # sources) a new compiled graph.
+    return n if isinstance(n, int) else operator.index(n)
+
+
 def _resolve_size(size, num_key_nodes: int, num_query_nodes: int) -> tuple[int, int]:
     if size is None:
         if num_key_nodes != num_query_nodes:
@@ -368,7 +375,7 @@ def _resolve_size(size, num_key_nodes: int, num_query_nodes: int) -> tuple[int, 
     if not isinstance(size, Sequence) or len(size) != 2 or any(isinstance(n, bool) for n in size):
         raise ValueError(f"size must be (num_src, num_dst) or None, got {size!r}")
     try:
-        num_src, num_dst = (operator.index(n) for n in size)
+        num_src, num_dst = (_node_count(n) for n in size)
     except TypeError:
         raise ValueError(f"size must hold two ints (num_src, num_dst), got {size!r}") from None
     if num_src != num_key_nodes:

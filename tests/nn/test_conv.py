@@ -773,3 +773,27 @@ def test_lin_edge_inputs_are_checked(case, backend):
         )
     with pytest.raises(TypeError, match="lin_edge must be a torch.nn.Linear"):
         GraphTransformerConv(8, lin_edge=torch.nn.Identity())
+
+
+def test_compiled_conv_does_not_compile_once_per_graph_size():
+    """A compiled layer that meets graphs of new sizes (each mapper chunk has its own number of sources) compiles
+    a second, size-generic graph and then no more: the sizes it is handed stay symbolic (they were once turned
+    into ints, which made each size a new graph until torch's recompile limit sent the layer back to eager)."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    conv = make_conv(8, qk_norm="layer")
+    counter = CompileCounter()
+    compiled = torch.compile(conv, backend=counter)
+    outputs = []
+    for num_src in (5, 7, 9, 11):
+        dst = torch.arange(4).repeat_interleave(3)
+        graph = SmallGraph("ring", torch.stack([(dst + torch.arange(12) % 3) % num_src, dst]), num_src, 4)
+        inputs = make_inputs(graph, 2, 8, dtype=torch.float32, device=DEVICE)
+        outputs.append((compiled(inputs["query"], inputs["key"], inputs["value"], inputs["edge_attr"],
+                                 graph.edge_index.to(DEVICE), size=(num_src, 4)), conv, inputs, graph))  # fmt: skip
+    assert counter.frame_count == 2, f"{counter.frame_count} compiled graphs for 4 graph sizes"
+    for out, module, inputs, graph in outputs:  # and each compiled call is the layer's own result
+        expected = run_conv(module, inputs, graph)[0]
+        torch.testing.assert_close(out, expected)
+    torch._dynamo.reset()
