@@ -28,6 +28,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -221,8 +222,8 @@ def run_isolated(args, graph_name: str, norm: str, chunks: int, variant: str, sc
         entry = json.loads(results.read_text())["rows"][0]["variants"][variant]
         saved = out / "out.pt"
         return entry, torch.load(saved) if saved.is_file() else None
-    errors = [line for line in tail if "Error" in line or "error" in line]
-    why = (errors or list(tail) or ["no output"])[-1][:240]
+    raised = [line for line in tail if re.match(r"[\w.]+(Error|Exception)\b", line)]  # "torch.X: message"
+    why = (raised or list(tail) or ["no output"])[-1][:240]
     status = f"crash (exit code {child.returncode}): {why}"
     return {"first_step_s": None, "train": {"status": status}, "infer": {"status": status}}, None
 
