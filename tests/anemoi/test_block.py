@@ -7,49 +7,43 @@ import pickle
 
 import pytest
 
-pytest.importorskip("anemoi.models", reason="needs anemoi-models (pip install --no-deps anemoi-models==0.19.0)")
+from tests.requirements import ANEMOI_MODELS, require_module
+
+require_module("anemoi.models", ANEMOI_MODELS)
 
 import torch  # noqa: E402
 from anemoi.models.layers import block as anemoi_block  # noqa: E402
 
 import gtnorm.anemoi  # noqa: E402
-import gtnorm.nn.conv  # noqa: E402
 from gtnorm.anemoi import block as gtnorm_block  # noqa: E402
 from tests.anemoi.setups import Case, build_pair, forward, make_inputs, rel_error  # noqa: E402
 from tests.anemoi.test_modules import TOL  # noqa: E402
+from tests.launches import FORWARD, FORWARD_CALLS, PYG_CALLS, count_launches  # noqa: E402
 
 
 def gtnorm_blocks(module):
     return [m for m in module.modules() if isinstance(m, anemoi_block.GraphTransformerBaseBlock)]
 
 
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    """Counts calls of gtnorm's fused op by the layer."""
-    calls = []
-    op = gtnorm.nn.conv.attention_on_checked_inputs
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return op(*args, **kwargs)
-
-    monkeypatch.setattr(gtnorm.nn.conv, "attention_on_checked_inputs", counting)
-    return calls
-
-
 @pytest.mark.parametrize("kind", ["processor", "decoder"])
-def test_triton_backend_runs_gtnorm_kernels(kind, device, kernel_calls):
+def test_triton_backend_runs_gtnorm_kernels(kind, device):
+    """One op call and one forward-kernel launch per block (each graph has edges), none of the PyG path."""
     case = Case(kind, checkpoint=False, batch=1)
     _, gtnorm_module = build_pair(case, "triton", device)
-    forward(gtnorm_module, case, make_inputs(case, device))
-    assert len(kernel_calls) == len(gtnorm_blocks(gtnorm_module))
+    with count_launches() as launches:
+        forward(gtnorm_module, case, make_inputs(case, device))
+    blocks = len(gtnorm_blocks(gtnorm_module))
+    assert launches[FORWARD_CALLS] == launches[FORWARD] == blocks, launches
+    assert launches[PYG_CALLS] == 0
 
 
-def test_pyg_backend_does_not_run_kernels(device, kernel_calls):
+def test_pyg_backend_does_not_run_kernels(device):
     case = Case("processor")
     _, gtnorm_module = build_pair(case, "pyg", device)
-    forward(gtnorm_module, case, make_inputs(case, device))
-    assert kernel_calls == []
+    with count_launches() as launches:
+        forward(gtnorm_module, case, make_inputs(case, device))
+    assert launches[PYG_CALLS] == len(gtnorm_blocks(gtnorm_module))
+    assert launches[FORWARD_CALLS] == launches[FORWARD] == 0, launches
 
 
 @pytest.mark.parametrize("kind", ["processor", "encoder", "decoder"])
@@ -75,7 +69,9 @@ def test_use_gtnorm_attention_converts_a_built_model(device):
     with torch.no_grad():
         expected = forward(anemoi_module, case, inputs)
         gtnorm.anemoi.use_gtnorm_attention(anemoi_module, "triton")
-        actual = forward(anemoi_module, case, inputs)
+        with count_launches() as launches:
+            actual = forward(anemoi_module, case, inputs)
+    assert launches[FORWARD] >= 1 and launches[PYG_CALLS] == 0, launches
     assert list(anemoi_module.state_dict()) == keys
     assert [type(b) for b in gtnorm_blocks(anemoi_module)] == [gtnorm.anemoi.GraphTransformerMapperBlock]
     assert rel_error(actual, expected) <= TOL
