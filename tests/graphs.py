@@ -68,8 +68,15 @@ GRAPH_BUILDERS = {f.__name__: f for f in (random_bipartite, encoder_like, decode
 GRAPH_SCALE = 40 if HAS_CUDA else 1
 
 
+def draw_seed() -> int:
+    """A seed for a generator of its own, drawn from torch's global one (which tests/conftest.py seeds per test and
+    names in a failure's report). Not ``torch.seed()``: that reseeds the global generator from the OS, and every
+    draw after it could not be repeated."""
+    return int(torch.randint(2**31, ()).item())
+
+
 def make_graph(name: str, seed: int | None = None, scale: int = GRAPH_SCALE) -> SmallGraph:
-    generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
+    generator = torch.Generator().manual_seed(seed if seed is not None else draw_seed())
     return GRAPH_BUILDERS[name](scale, generator)
 
 

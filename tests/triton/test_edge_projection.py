@@ -17,7 +17,7 @@ from gtnorm import _runtime
 from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.triton.config import attention_launch_config
 from tests.conftest import DEVICE, HAS_CUDA
-from tests.graphs import SmallGraph, key_bias_error, make_graph, rel_error
+from tests.graphs import SmallGraph, draw_seed, key_bias_error, make_graph, rel_error
 from tests.triton.test_attention import assert_refused_before_launch, layout_of, torch_norm
 
 EPS = 1e-6
@@ -36,7 +36,7 @@ def poison_outputs(monkeypatch):
 def make_inputs(graph: SmallGraph, heads, channels, edge_dim, *, bias=True, qk_norm=True, seed=None) -> dict:
     """Fresh float64 CPU inputs: q, k, v, raw edge attributes [M, D], projection weight [D, H*C] scaled so that e
     is of the size of k and v, bias (far from 0), norm weights (far from 1) and LayerNorm biases (far from 0)."""
-    generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
+    generator = torch.Generator().manual_seed(seed if seed is not None else draw_seed())
 
     def randn(*shape):
         return torch.randn(*shape, generator=generator, dtype=torch.float64)
