@@ -9,6 +9,7 @@ Tolerances (relative Frobenius error against the PyG reference run in float64 on
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -154,6 +155,40 @@ def test_norm_with_and_without_affine_parameters(heads_channels, case):
     out, grads = run_gtnorm(
         leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out.to(DEVICE), qk_norm
     )
+    assert_matches(out, grads, ref_out, ref_grads, 1e-5)
+
+
+# (norm, q weight, q bias, k weight, k bias): each parameter on or off on its own (RMSNorm has no bias).
+NORM_PARAMETER_CASES = [("rms", qw, False, kw, False) for qw, kw in itertools.product((True, False), repeat=2)]
+NORM_PARAMETER_CASES += [("layer", *present) for present in itertools.product((True, False), repeat=4)]
+
+
+def norm_parameter_id(case) -> str:
+    norm, *present = case
+    return norm + "-" + "".join(f"{name[0]}{name[7]}" for name, on in zip(PARAM_NAMES, present, strict=True) if on)
+
+
+def with_norm_parameters(inputs: dict, case) -> dict:
+    """The inputs with exactly the case's norm parameters (the others None)."""
+    _, *present = case
+    for name, on in zip(PARAM_NAMES, present, strict=True):
+        assert (inputs[name] is not None) or not on, name
+        inputs[name] = inputs[name] if on else None
+    return inputs
+
+
+@pytest.mark.parametrize("edge_attr", [True, False], ids=["edge_attr", "no_edge_attr"])
+@pytest.mark.parametrize("case", NORM_PARAMETER_CASES, ids=norm_parameter_id)
+def test_norm_parameters_are_independent(case, edge_attr):
+    """q's and k's weight and bias each on or off on its own: the kernels take separate flags (HAS_Q_WEIGHT,
+    HAS_Q_BIAS, HAS_K_WEIGHT; the key bias leaves the kernels, ops._norm_flags), and a kernel that read one
+    parameter's flag for another's, or one side's parameters for the other's, fails here."""
+    qk_norm = case[0]
+    graph = make_graph("processor_like")
+    inputs = with_norm_parameters(make_inputs(graph, 2, 8, torch.float64, edge_attr=edge_attr, qk_norm=qk_norm), case)
+    grad_out = torch.randn(graph.num_dst, 2, 8, dtype=torch.float64)
+    ref_out, ref_grads = run_reference(leaf_copies(inputs, torch.float64, "cpu"), graph, grad_out, qk_norm)
+    out, grads = run_gtnorm(leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out.to(DEVICE), qk_norm)
     assert_matches(out, grads, ref_out, ref_grads, 1e-5)
 
 

@@ -18,7 +18,14 @@ from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.triton.config import attention_launch_config
 from tests.conftest import DEVICE, HAS_CUDA
 from tests.graphs import SmallGraph, draw_seed, key_bias_error, make_graph, rel_error
-from tests.triton.test_attention import assert_refused_before_launch, layout_of, torch_norm
+from tests.triton.test_attention import (
+    NORM_PARAMETER_CASES,
+    assert_refused_before_launch,
+    layout_of,
+    norm_parameter_id,
+    torch_norm,
+    with_norm_parameters,
+)
 
 EPS = 1e-6
 PARAM_NAMES = ("q_norm_weight", "q_norm_bias", "k_norm_weight", "k_norm_bias")
@@ -126,6 +133,20 @@ def test_matches_reference_float32(edge_dim_graph, bias, qk_norm):
     """Output and every gradient (q, k, v, edge_features, edge_weight, edge_bias, norm parameters); odd H and C."""
     edge_dim, graph_name = edge_dim_graph
     check_float32(make_graph(graph_name), 3, 5, edge_dim, qk_norm, bias)
+
+
+@pytest.mark.parametrize("case", NORM_PARAMETER_CASES, ids=norm_parameter_id)
+def test_norm_parameters_are_independent(case):
+    """q's and k's weight and bias each on or off on its own with the fused projection, whose node-block kernels
+    and weight gradient take the query norm's parameters apart from the edge walks (test_attention.py has the same
+    cases with and without edge rows)."""
+    qk_norm = case[0]
+    graph = make_graph("encoder_like")
+    inputs = with_norm_parameters(make_inputs(graph, 2, 8, 3, qk_norm=qk_norm), case)
+    grad_out = torch.randn(graph.num_dst, 2, 8, dtype=torch.float64)
+    ref_out, ref_grads = run_reference(leaf_copies(inputs, torch.float64, "cpu"), graph, grad_out, qk_norm)
+    out, grads = run_gtnorm(leaf_copies(inputs, torch.float32, DEVICE), layout_of(graph), grad_out.to(DEVICE), qk_norm)
+    assert_matches(out, grads, ref_out, ref_grads, 1e-5)
 
 
 @pytest.mark.parametrize("heads_channels", [(2, 16), (1, 4)] + ([(16, 64), (8, 32), (5, 24)] if HAS_CUDA else []))
