@@ -71,10 +71,11 @@ def count_launches() -> Iterator[Counter]:
         conv.reference_graph_transformer_attention = pyg
 
 
-def attention_ran(counts: Counter) -> str | None:
-    """None where the counts show gtnorm's attention kernels ran forward and backward and never its PyG path;
-    else what is missing (for an assertion's message)."""
-    missing = [name for name in (FORWARD, BY_DESTINATION, BY_SOURCE) if counts[name] == 0]
-    if missing or counts[PYG_CALLS]:
-        return f"kernels without a launch: {missing}; PyG path calls: {counts[PYG_CALLS]}; counts: {dict(counts)}"
+def attention_ran(counts: dict[str, int]) -> str | None:
+    """None where the counts (count_launches', or a plain dict of them from another process) show gtnorm's
+    attention kernels ran forward and backward and never its PyG path; else what is missing (for an assertion's
+    message)."""
+    missing = [name for name in (FORWARD, BY_DESTINATION, BY_SOURCE) if not counts.get(name)]
+    if missing or counts.get(PYG_CALLS):
+        return f"kernels without a launch: {missing}; PyG path calls: {counts.get(PYG_CALLS, 0)}; counts: {counts}"
     return None
