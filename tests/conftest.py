@@ -3,6 +3,7 @@
 TRITON_INTERPRET must be set before any kernel is defined, so this runs before gtnorm's kernels import.
 """
 
+import gc
 import os
 import random
 
@@ -33,6 +34,17 @@ def torch_seed(request):
     torch.manual_seed(seed)
     request.node.gtnorm_seed = seed
     return seed
+
+
+@pytest.fixture(autouse=True)
+def release_gpu_memory(request):
+    """After a GPU test, its memory goes back to the device: the large tests (tests/triton/test_attention_large.py,
+    the mapper block's) take 30-60 GB each, which the caching allocator would otherwise keep in blocks of the last
+    test's sizes."""
+    yield
+    if HAS_CUDA and "gpu" in request.keywords:
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 @pytest.hookimpl(hookwrapper=True)
