@@ -138,7 +138,7 @@ ensure_installed() {
   # Anemoi's own unit tests come in its source distribution: tests/anemoi/test_upstream.py runs them on the drop-ins.
   step "downloading $ANEMOI_MODELS's source distribution (its unit tests) into $VENV/anemoi-models-sdist" \
     "$VENV_PY" -m pip download -q --no-deps --no-binary :all: -d "$VENV/anemoi-models-sdist" "$ANEMOI_MODELS" ||
-    echo "run.sh: could not download $ANEMOI_MODELS's source distribution: Anemoi's own tests will be skipped" >&2
+    echo "run.sh: could not download $ANEMOI_MODELS's source distribution: Anemoi's own tests will be skipped (fail under GTNORM_REQUIRE_TEST_DEPS=1, as in CI)" >&2
   echo "$key" >"$STAMP"
 }
 

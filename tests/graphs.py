@@ -68,8 +68,15 @@ GRAPH_BUILDERS = {f.__name__: f for f in (random_bipartite, encoder_like, decode
 GRAPH_SCALE = 40 if HAS_CUDA else 1
 
 
+def draw_seed() -> int:
+    """A seed for a generator of its own, drawn from torch's global one (which tests/conftest.py seeds per test and
+    names in a failure's report). Not ``torch.seed()``: that reseeds the global generator from the OS, and every
+    draw after it could not be repeated."""
+    return int(torch.randint(2**31, ()).item())
+
+
 def make_graph(name: str, seed: int | None = None, scale: int = GRAPH_SCALE) -> SmallGraph:
-    generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
+    generator = torch.Generator().manual_seed(seed if seed is not None else draw_seed())
     return GRAPH_BUILDERS[name](scale, generator)
 
 
@@ -111,3 +118,44 @@ def key_bias_error(actual: torch.Tensor, expected: torch.Tensor, key_grad: torch
     error = (actual.detach().double().cpu() - expected.detach().double().cpu()).norm().item()
     assert torch.isfinite(actual).all(), "non-finite values (unwritten output?)"
     return error / (key_grad.detach().double().cpu().norm().item() * max(1, key_grad.shape[0]) ** 0.5)
+
+
+# Past 2**31 elements: node rows of 16 heads x 64 channels (1024 elements) pass it from 2**31 / 1024 = 2,097,152.
+ROWS_PAST_INT32_AT_1024 = 2_200_000
+
+
+def ring_with_tail(num_src: int, num_dst: int, tail: int, device) -> torch.Tensor:
+    """[2, M] sorted by destination: source i sends to destination i % num_dst (every source has an edge, so the
+    last source rows are read), and the last ``tail`` destinations also receive an edge from each of the last
+    ``tail`` sources. The edges with the highest ids are those into the last destinations."""
+    src = torch.arange(num_src, device=device)
+    last_dst = torch.arange(num_dst - tail, num_dst, device=device).repeat_interleave(tail)
+    last_src = torch.arange(num_src - tail, num_src, device=device).repeat(tail)
+    edge_index = torch.stack([torch.cat([src, last_src]), torch.cat([src % num_dst, last_dst])])
+    return edge_index[:, torch.sort(edge_index[1], stable=True).indices]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A few destinations and the part of the graph they see: what a reference computes on instead of the whole
+    graph, when the loss reads only those destinations' outputs (then only their edges and the sources they
+    read get gradients)."""
+
+    dst: torch.Tensor  # [S] destination ids, unique
+    edges: torch.Tensor  # [E] ids of the edges into them
+    src: torch.Tensor  # [U] the sources of those edges, unique
+    local_edge_index: torch.Tensor  # [2, E]: those edges in the numbering of src and dst
+
+    @classmethod
+    def of(cls, edge_index: torch.Tensor, num_dst: int, dst: torch.Tensor) -> Selection:
+        position = torch.full((num_dst,), -1, dtype=torch.long, device=edge_index.device)
+        position[dst] = torch.arange(dst.numel(), device=dst.device)
+        edges = torch.nonzero(position[edge_index[1]] >= 0).flatten()
+        src, local_src = torch.unique(edge_index[0, edges], return_inverse=True)
+        return cls(dst, edges, src, torch.stack([local_src, position[edge_index[1, edges]]]))
+
+
+def last_and_random(num: int, last: int, random: int, extra: torch.Tensor | None = None) -> torch.Tensor:
+    """The last ``last`` ids of ``num``, ``random`` others (from torch's global generator) and ``extra``, unique."""
+    parts = [torch.arange(num - last, num), torch.randperm(num - last)[:random]]
+    return torch.unique(torch.cat(parts + ([extra.cpu()] if extra is not None else [])))

@@ -113,6 +113,14 @@ class GraphLayout:
             raise ValueError(f"copies must be a positive int, got {copies!r}")
         if copies == 1:
             return self
+        # The walks hold int32 ids and offsets (EdgeWalk.repeat casts its int64 sums): past these limits they would
+        # wrap. The same limits as from_edge_index's.
+        largest = copies * max(self.num_src, self.num_dst, self.num_edges)
+        if largest > _INT32_MAX:
+            raise ValueError(
+                f"{copies} copies of a graph of {self.num_src} -> {self.num_dst} nodes and {self.num_edges} edges "
+                f"would have {largest} nodes or edges; at most 2**31 - 1 of each are supported"
+            )
         return GraphLayout(
             num_src=copies * self.num_src,
             num_dst=copies * self.num_dst,

@@ -9,9 +9,9 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
-import pytest
+from tests.requirements import ANEMOI_MODELS, require_module
 
-pytest.importorskip("anemoi.models", reason="needs anemoi-models (pip install --no-deps anemoi-models==0.19.0)")
+require_module("anemoi.models", ANEMOI_MODELS)
 
 import torch  # noqa: E402
 from anemoi.models.distributed.shapes import BipartiteGraphShardInfo, GraphShardInfo  # noqa: E402

@@ -12,8 +12,10 @@ import statistics
 import pytest
 import torch
 
-pytest.importorskip("anemoi.models", reason="needs anemoi-models")
-pytest.importorskip("scipy", reason="the benchmark graphs need scipy")
+from tests.requirements import ANEMOI_MODELS, SCIPY, require_module
+
+require_module("anemoi.models", ANEMOI_MODELS)
+require_module("scipy", SCIPY)
 
 from benchmarks.anemoi import report, run, step_profile  # noqa: E402
 from benchmarks.graphs.catalog import BenchGraph  # noqa: E402

@@ -9,7 +9,9 @@ import copy
 
 import pytest
 
-pytest.importorskip("anemoi.models", reason="needs anemoi-models (pip install --no-deps anemoi-models==0.19.0)")
+from tests.requirements import ANEMOI_MODELS, require_module
+
+require_module("anemoi.models", ANEMOI_MODELS)
 
 import torch  # noqa: E402
 
@@ -19,6 +21,7 @@ from gtnorm.anemoi import graph_provider  # noqa: E402
 from gtnorm.triton import layout_cache  # noqa: E402
 from tests.anemoi.setups import Case, ProviderModel, build_pair, make_inputs, make_provider, rel_error  # noqa: E402
 from tests.anemoi.test_modules import TOL  # noqa: E402
+from tests.launches import attention_ran, count_launches  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -121,7 +124,11 @@ def test_trainable_edge_parameters_get_anemoi_s_gradients(kind, device, monkeypa
     ]
     assert blocks and all(block.conv.lin_edge is block.lin_edge for block in blocks)  # the fused projection
     x = make_inputs(case, device).x
-    expected, actual = step(anemoi_model, x), step(gtnorm_model, x)
+    expected = step(anemoi_model, x)
+    with count_launches() as launches:
+        actual = step(gtnorm_model, x)
+    # The kernels ran, and the raw attributes' gradient came from the fused projection's own kernel.
+    assert attention_ran(launches) is None and launches["edge_features_grad_kernel"] >= len(blocks), launches
     for a, e in zip(actual, expected, strict=True):
         assert rel_error(a, e) <= TOL
     first_param = len(actual) - len(names)

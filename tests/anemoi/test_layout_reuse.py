@@ -13,8 +13,10 @@ import json
 import pytest
 import torch
 
-pytest.importorskip("anemoi.models", reason="needs anemoi-models")
-pytest.importorskip("scipy", reason="the benchmark graphs need scipy")
+from tests.requirements import ANEMOI_MODELS, SCIPY, require_module
+
+require_module("anemoi.models", ANEMOI_MODELS)
+require_module("scipy", SCIPY)
 
 import gtnorm.nn.conv  # noqa: E402
 from benchmarks.anemoi import layout_reuse, run  # noqa: E402

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("anemoi.models", reason="needs anemoi-models (pip install --no-deps anemoi-models==0.19.0)")
+from tests.requirements import ANEMOI_MODELS, require_module
+
+require_module("anemoi.models", ANEMOI_MODELS)
 
 import torch  # noqa: E402
 from anemoi.models.layers import block as anemoi_block  # noqa: E402
 from anemoi.models.layers import mapper as anemoi_mapper  # noqa: E402
 
 from tests.anemoi.setups import Case, assert_steps_match, build_pair, forward, make_inputs, rel_error, training_step  # noqa: E402
+from tests.launches import FORWARD_CALLS, PYG_CALLS, attention_ran, count_launches  # noqa: E402
 
 TOL = 2e-5
 KINDS = ("processor", "encoder", "decoder")
@@ -27,8 +30,13 @@ def check_training_step(case: Case, backend: str, device: torch.device) -> None:
     anemoi_module, gtnorm_module = build_pair(case, backend, device)
     inputs = make_inputs(case, device)
     expected = training_step(anemoi_module, case, inputs)
-    actual = training_step(gtnorm_module, case, inputs)
+    with count_launches() as launches:
+        actual = training_step(gtnorm_module, case, inputs)
     assert_steps_match(actual, expected, TOL)
+    if backend == "triton":  # the drop-in ran gtnorm's kernels, forward and backward
+        assert attention_ran(launches) is None, attention_ran(launches)
+    else:
+        assert launches[FORWARD_CALLS] == 0 and launches[PYG_CALLS] > 0, launches
 
 
 @pytest.mark.parametrize("backend", ["triton", "pyg"])

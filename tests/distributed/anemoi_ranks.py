@@ -14,7 +14,6 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.distributed.sharding import reduce_gradients_as_anemoi, sharded_module_output
-from gtnorm._runtime import triton_can_run_on
 from tests.anemoi.setups import (
     Case,
     Inputs,
@@ -26,6 +25,7 @@ from tests.anemoi.setups import (
     rel_error,
     training_step,
 )
+from tests.launches import count_launches
 
 # Both sides compute in float32; the sharded run adds partial sums in another order (halo rows, the
 # reduction of parameter gradients), a few ulps per block.
@@ -98,8 +98,9 @@ def sharded_training_step(module, case: Case, inputs: Inputs, group) -> StepResu
 
 
 def check_case(item: ShardedCase, group) -> dict:
-    """{"error": None or what differs, "output_error": relative error of the sharded output, "gtnorm_kernels":
-    whether gtnorm's kernels ran}."""
+    """{"error": None or what differs, "output_error": relative error of the sharded output, "inference_error",
+    "launches": what ran on this rank, counted (tests/launches.py: launches per kernel, calls of gtnorm's op and
+    of its PyG path)}."""
     case = item.case
     anemoi_module, gtnorm_module = build_pair(case, "triton", torch.device("cpu"))
     module = gtnorm_module if item.side == "gtnorm" else anemoi_module
@@ -107,18 +108,21 @@ def check_case(item: ShardedCase, group) -> dict:
         module = torch.compile(module, backend="aot_eager")
     inputs = make_inputs(case, torch.device("cpu"), graph=random_graph(case.kind, torch.Generator().manual_seed(3)))
     whole = training_step(module, case, inputs)
-    sharded = sharded_training_step(module, case, inputs, group)
-    # Inference (torch.inference_mode, eval: the processor chunks its edges and sums the chunks), whole and sharded.
-    module.eval()
+    # Counted on the sharded runs only: what this rank ran on its shard.
+    with count_launches() as launches:
+        sharded = sharded_training_step(module, case, inputs, group)
+        # Inference (torch.inference_mode, eval: the processor chunks its edges and sums the chunks), whole and
+        # sharded.
+        module.eval()
+        with torch.inference_mode():
+            sharded_inference = sharded_module_output(
+                module, case.kind, inputs.x, inputs.edge_attr, inputs.edge_index, group
+            )
     with torch.inference_mode():
         whole_inference = forward(module, case, inputs)
-        sharded_inference = sharded_module_output(
-            module, case.kind, inputs.x, inputs.edge_attr, inputs.edge_index, group
-        )
     result = {"error": None, "output_error": rel_error(sharded.output, whole.output)}
     result["inference_error"] = rel_error(sharded_inference, whole_inference)
-    # gtnorm's blocks took their kernels (through the interpreter), not the PyG path.
-    result["gtnorm_kernels"] = item.side == "gtnorm" and triton_can_run_on(torch.device("cpu"))
+    result["launches"] = dict(launches)
     try:
         assert_steps_match(sharded, whole, TOL)
     except AssertionError as exc:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("anemoi.models", reason="needs anemoi-models (pip install --no-deps anemoi-models==0.19.0)")
+from tests.requirements import ANEMOI_MODELS, require_module
+
+require_module("anemoi.models", ANEMOI_MODELS)
 
 from tests.distributed.compile_ranks import count_breaks  # noqa: E402
 from tests.distributed.spawn import CPU_RANKS_ONLY, run_on_ranks  # noqa: E402

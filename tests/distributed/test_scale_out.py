@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("anemoi.models", reason="needs anemoi-models")
-pytest.importorskip("scipy", reason="the benchmark graphs need scipy")
+from tests.requirements import ANEMOI_MODELS, SCIPY, require_module
+
+require_module("anemoi.models", ANEMOI_MODELS)
+require_module("scipy", SCIPY)
 
 from anemoi.models.distributed.khop_edges import build_graph_partition  # noqa: E402
 

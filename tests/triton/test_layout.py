@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from gtnorm import GraphLayout
-from gtnorm.triton.layout import _CACHE_WINDOW_EDGES, smoothed_order, visiting_order
+from gtnorm.triton.layout import (
+    _CACHE_WINDOW_EDGES,
+    check_edge_index,
+    check_edge_index_format,
+    smoothed_order,
+    visiting_order,
+)
 from tests.conftest import DEVICE
 from tests.graphs import GRAPH_BUILDERS, make_graph
 
@@ -195,3 +201,32 @@ def test_repeat_rejects_bad_counts():
     for copies in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="copies must be a positive int"):
             layout.repeat(copies)
+
+
+# The layout's size limits: ids and offsets are int32, so at most 2**31 - 1 edges and nodes per side. Checked
+# without memory: an expanded [2, M] view holds one column.
+LIMIT = 2**31 - 1
+
+
+def test_edge_count_limit():
+    at_limit = torch.zeros(2, 1, dtype=torch.long).expand(2, LIMIT)
+    check_edge_index_format(at_limit)  # the format check reads only the shape
+    with pytest.raises(ValueError, match=r"2147483648 edges; at most 2\*\*31 - 1"):
+        GraphLayout.from_edge_index(torch.zeros(2, 1, dtype=torch.long).expand(2, LIMIT + 1), (1, 1))
+
+
+@pytest.mark.parametrize("num_nodes", [(LIMIT + 1, 2), (2, LIMIT + 1), LIMIT + 1])
+def test_node_count_limit(num_nodes):
+    edge_index = torch.tensor([[0, 1], [1, 0]])
+    with pytest.raises(ValueError, match="below 2\\*\\*31"):
+        GraphLayout.from_edge_index(edge_index, num_nodes, search_order=False)
+    assert check_edge_index(edge_index, (LIMIT, 2)) == (LIMIT, 2)  # the largest count is taken
+
+
+def test_repeat_limit():
+    """A batch of copies past the limits raises instead of wrapping the int32 ids and offsets."""
+    layout = GraphLayout.from_edge_index(torch.tensor([[0, 1, 1], [1, 0, 1]]), (2, 2), search_order=False)
+    most = LIMIT // 3  # 3 edges per copy
+    with pytest.raises(ValueError, match=r"at most 2\*\*31 - 1"):
+        layout.repeat(most + 1)
+    assert layout.repeat(4).num_edges == 12
