@@ -9,6 +9,13 @@ Suites:
   small  the same on O96 / r5; dop_enc_small is O160 -> r5 (see below).
   tiny   the same on O8 / r2 for the CPU interpreter; dop_enc_tiny is O16 -> r2.
 
+Outside every suite, by name only: h_to_era_o1280, the 9 km decoder (r7 -> O1280, 163,842 -> 6,599,680 nodes,
+19,799,040 edges). It needs a GPU of ~140 GB for the fused op's forward+backward with e materialised, and
+ISOLATED_GRAPHS runs each of its variants in a process of its own (run.py): a kernel that crashes there (Anemoi's
+int32 row offsets) cannot poison the others' measurements. Built in 16 s on a busy 2-core machine (2 GB of RAM at
+most; its Gaussian latitudes from scipy, grids.gaussian_nodes); the cache file is 317 MB, read back in ~1 s. A fresh
+GPU machine has no cache: the first run builds it into benchmarks/.cache (or $GTNORM_GRAPH_CACHE).
+
 Both full-size encoders map about 10 data nodes per hidden node, which sets their in-degree (mean ~16, max 44).
 O96 -> r5 and O8 -> r2 map only ~4 per hidden node (mean in-degree ~4-6), so the smaller suites' dop_enc
 graphs keep the full encoders' ~10:1 ratio instead (O160 -> r5, O16 -> r2) and with it their in-degree
@@ -121,6 +128,10 @@ GRAPH_SPECS: dict[str, GraphSpec] = {
     "h_to_h_tiny": _processor(2),
     "h_to_era_tiny": _decoder(2, 8),
     "dop_enc_tiny": _encoder(16, 2),
+    # The 9 km decoder (NOTES §10 of the project background, issue 50): level-7 hidden mesh -> O1280, 3 nearest
+    # per data node. In no suite: with e materialised its inputs alone take 64 GiB (bf16, 16 x 64) and a fused
+    # forward+backward ~131 GiB (benchmarks/graphs/memory.py); selectable by name only.
+    "h_to_era_o1280": _decoder(7, 1280),
 }
 
 SUITES: dict[str, tuple[str, ...]] = {
@@ -128,6 +139,12 @@ SUITES: dict[str, tuple[str, ...]] = {
     "small": ("era_to_h_small", "h_to_h_small", "h_to_era_small", "dop_enc_small"),
     "tiny": ("era_to_h_tiny", "h_to_h_tiny", "h_to_era_tiny", "dop_enc_tiny"),
 }
+
+
+# Graphs whose variants each run in a child process by default (run.py, --isolate): too large for two variants'
+# tensors at once, and where a peer's kernel may hit an illegal memory access, which leaves the CUDA context
+# unusable for every later variant of the same process.
+ISOLATED_GRAPHS: frozenset[str] = frozenset({"h_to_era_o1280"})
 
 
 def graph_names() -> list[str]:

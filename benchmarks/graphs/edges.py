@@ -68,9 +68,11 @@ def cutoff_edges(
 def knn_edges(src_xyz: np.ndarray, dst_xyz: np.ndarray, num_nearest: int = 3) -> np.ndarray:
     """Decoder rule: every destination receives its ``num_nearest`` nearest sources (M = num_nearest * num_dst)."""
     _, nearest = cKDTree(src_xyz).query(dst_xyz, k=num_nearest, workers=-1)
-    nearest = nearest.reshape(len(dst_xyz), num_nearest)
-    dst = np.repeat(np.arange(len(dst_xyz)), num_nearest)
-    return sort_by_destination(nearest.ravel(), dst, len(src_xyz))
+    # The k nearest of a point are distinct and the destinations come in order: sorting each row's sources gives
+    # sort_by_destination's (dst, src) order without its global sort (seconds at O1280's 19.8M edges).
+    nearest = np.sort(nearest.reshape(len(dst_xyz), num_nearest).astype(np.int64), axis=1)
+    dst = np.repeat(np.arange(len(dst_xyz), dtype=np.int64), num_nearest)
+    return np.stack([nearest.ravel(), dst])
 
 
 def multiscale_edges(mesh: IcosahedralMesh) -> np.ndarray:
