@@ -24,8 +24,9 @@ MIB = 2**20
 
 @dataclass
 class Measurement:
-    """One variant in one mode (forward, or forward+backward). ``status`` is "ok", "OOM", "error: ..." or
-    "skipped: ..."; the numbers are None unless it is "ok" (memory is None on the CPU as well)."""
+    """One variant in one mode (forward, or forward+backward). ``status`` is "ok", "OOM" (or "OOM: predicted ..."
+    where it was not run), "crash: ...", "error: ..." or "skipped: ..."; the numbers are None unless it is "ok"
+    (memory is None on the CPU as well)."""
 
     status: str = "ok"
     ms: float | None = None
@@ -62,15 +63,27 @@ class Settings:
     peer_paths: dict = field(default_factory=dict)  # peer variant -> the path its kernel loads from
 
 
+# Messages of CUDA errors that leave the process's CUDA context unusable (every later kernel fails too).
+CRASH_MARKERS = ("illegal memory access", "misaligned address", "device-side assert", "unspecified launch failure",
+                 "an illegal instruction")  # fmt: skip
+
+
+def is_crash(status: str) -> bool:
+    return status.startswith("crash")
+
+
 def guarded(fn: Callable[[], T]) -> tuple[T | None, str]:
     """(fn(), "ok"), or (None, why) when it raises, so that one failing variant does not end the run: running
-    out of GPU memory gives "OOM" (also when torch.compile wraps it), anything else "error: <type>: <message>"."""
+    out of GPU memory gives "OOM" (also when torch.compile wraps it), a CUDA error that poisons the context (an
+    illegal memory access, ...) "crash: <message>", anything else "error: <type>: <message>"."""
     try:
         return fn(), "ok"
     except Exception as exc:  # noqa: BLE001 - any failure is a result to report
         if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower():
             return None, "OOM"
         message = (str(exc).strip().splitlines() or [""])[0][:200]
+        if any(marker in str(exc).lower() for marker in CRASH_MARKERS):
+            return None, f"crash: {type(exc).__name__}: {message}"
         return None, f"error: {type(exc).__name__}: {message}"
 
 

@@ -4,12 +4,19 @@ from raw attributes, and Anemoi's fused-QK-norm kernel where its path is given.
 
     python -m benchmarks.graphs [--suite full|small|tiny | --graphs NAME ...] [--dtype bfloat16]
                                 [--heads 16] [--channels 64] [--variants ...] [--out DIR] [--no-plot] [--no-check]
-                                [--quick | --no-quick]
+                                [--quick | --no-quick] [--isolate | --no-isolate]
 
 For every graph: forward and forward+backward time and peak memory of each variant, the fused variant's time
 against the HBM floor and its speedup over the others, and its error against the PyG reference. Results go
 to DIR/results.json, results.md and results.png, rewritten after every graph so an interrupted run keeps
 what it measured. With a GPU the default is the full suite.
+
+Graphs too large for every variant (h_to_era_o1280, the 9 km decoder: not in any suite, by name only): each mode of
+each variant whose predicted peak memory (memory.py) exceeds the GPU's is reported as "OOM: predicted ..." without
+being run, one that runs out anyway as "OOM"; with --isolate (the default for catalog.ISOLATED_GRAPHS) every variant
+runs in a child process of its own, so that a kernel that crashes (an illegal memory access leaves the CUDA context
+unusable) is reported as "crash: <error>" and the other variants are measured in clean processes. Each child's
+output is kept in DIR/isolated/<graph>/<variant>.log.
 
 Without a GPU the default is quick mode (quick.py; about 2.5 minutes on 2 cores, measured with two busy processes
 beside it): the fused kernels, through the Triton interpreter, checked once against the PyG reference on a tiny
@@ -20,8 +27,13 @@ every variant through the interpreter instead (slow, and those times only show t
 from __future__ import annotations
 
 import argparse
+import collections
+import json
+import os
 import platform
+import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -32,7 +44,7 @@ import triton
 
 import gtnorm
 from benchmarks.graphs.accuracy import check_accuracy
-from benchmarks.graphs.catalog import SUITES, graph_names, load_graph
+from benchmarks.graphs.catalog import ISOLATED_GRAPHS, SUITES, graph_names, load_graph
 from benchmarks.graphs.measure import (
     MIB,
     Measurement,
@@ -42,8 +54,10 @@ from benchmarks.graphs.measure import (
     free_memory,
     guarded,
     hbm_floor_bytes,
+    is_crash,
     measure_call,
 )
+from benchmarks.graphs.memory import Sizes, inputs_bytes, memory_table, predicted_oom
 from benchmarks.graphs.quick import PYG_TIMED_CALLS, QUICK_GRAPHS, one_thread_on_cpu, run_quick
 from benchmarks.graphs.report import MODES, NOT_PERFORMANCE, markdown, write_outputs
 from benchmarks.graphs.variants import (
@@ -62,6 +76,8 @@ GPU_DEFAULTS = dict(suite="full", heads=16, channels=64)
 COMPILE_SKIPPED_ON_CPU = "skipped: torch.compile on the CPU is slow and says nothing about the GPU"
 CUDA_ONLY_SKIPPED_ON_CPU = "skipped: a CUDA-only kernel (no Triton interpreter path)"
 PEER_SKIPPED = "skipped: a kernel from outside this repository, run when its path is given (--anemoi-fused-qk)"
+REPO = Path(__file__).resolve().parents[2]
+CHILD_TIMEOUT_S = 900.0  # one variant of one graph in its own process (--isolate): compile, inputs, measurement
 
 
 def parse_args(argv: list[str] | None, on_gpu: bool) -> argparse.Namespace:
@@ -117,6 +133,20 @@ def parse_args(argv: list[str] | None, on_gpu: bool) -> argparse.Namespace:
         metavar="PATH",
         help="Anemoi's fused-QK-norm kernel: a checkout of ecmwf/anemoi-core's feat/triton-gt-fused-qk-norm branch, "
         "or the folder of its gt.py, norm.py, utils.py (variant anemoi_fused_qk; GPU only)",
+    )
+    parser.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run every variant of a graph in a child process of its own (default: only for "
+        f"{', '.join(sorted(ISOLATED_GRAPHS))})",
+    )
+    parser.add_argument(
+        "--skip-predicted-oom",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="GPU: report a mode whose predicted peak memory exceeds the device's as OOM without running it "
+        "(default: %(default)s)",
     )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: benchmarks/out/<date-time>)")
     parser.add_argument("--no-plot", action="store_true", help="do not draw results.png")
@@ -174,10 +204,18 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s (bytes read + written)", flush=True)
     run_start = time.perf_counter()
     results = {"meta": run_metadata(device, settings, bandwidth), "graphs": []}
+    device_bytes = torch.cuda.get_device_properties(device).total_memory if on_gpu else None
     for index, name in enumerate(names, 1):
         start = time.perf_counter()
         graph = load_graph(name, verbose=True)
-        results["graphs"].append(benchmark_graph(graph, settings, device, bandwidth, f"[{index}/{len(names)}]"))
+        isolate = args.isolate if args.isolate is not None else name in ISOLATED_GRAPHS
+        results["graphs"].append(
+            benchmark_graph(
+                graph, settings, device, bandwidth, f"[{index}/{len(names)}]",
+                device_bytes=device_bytes if args.skip_predicted_oom else None,
+                isolated_out=args.out / "isolated" / name if isolate else None,
+            )
+        )  # fmt: skip
         results["graphs"][-1]["seconds"] = round(time.perf_counter() - start, 1)
         del graph
         free_memory()
@@ -234,7 +272,22 @@ def run_metadata(device: torch.device, settings: Settings, bandwidth: float | No
     }
 
 
-def benchmark_graph(graph, settings: Settings, device: torch.device, bandwidth: float, tag: str) -> dict:
+def graph_sizes(graph, settings: Settings) -> Sizes:
+    element_size = torch.empty((), dtype=settings.dtype).element_size()
+    return Sizes(graph.num_src, graph.num_dst, graph.num_edges, settings.heads, settings.channels, element_size)
+
+
+def benchmark_graph(
+    graph,
+    settings: Settings,
+    device: torch.device,
+    bandwidth: float,
+    tag: str,
+    device_bytes: int | None = None,
+    isolated_out: Path | None = None,
+) -> dict:
+    """One graph's results. ``device_bytes``: the GPU's memory, against which each variant's predicted peak is
+    checked (None: run everything); ``isolated_out``: run each variant in a child process, its files there."""
     tag = f"{tag} {graph.name}"
     lo, mean, hi = graph.in_degree_stats()
     print(
@@ -242,6 +295,15 @@ def benchmark_graph(graph, settings: Settings, device: torch.device, bandwidth: 
         f"in-degree {lo}/{mean:.1f}/{hi} (min/mean/max)",
         flush=True,
     )
+    sizes = graph_sizes(graph, settings)
+    skips = {name: dict.fromkeys(MODES) for name in settings.variants}
+    if device_bytes is not None:
+        skips = {name: predicted_oom(name, sizes, device_bytes) for name in settings.variants}
+        if any(any(modes.values()) for modes in skips.values()):
+            print(f"{tag}: predicted peak memory, device {device_bytes / 2**30:.0f} GiB:", flush=True)
+            print(memory_table(settings.variants, sizes), flush=True)
+    if isolated_out is not None:
+        return benchmark_graph_isolated(graph, settings, bandwidth, tag, skips, sizes, isolated_out)
     torch._dynamo.reset()  # a fresh compile per graph: no recompile limit, no shapes carried over
     inputs = make_inputs(graph, settings.heads, settings.channels, settings.dtype, device, settings.eps)
     floor_fwd, floor_fwd_bwd = hbm_floor_bytes(inputs.layout, inputs.query[0].numel() * inputs.query.element_size())
@@ -270,8 +332,15 @@ def benchmark_graph(graph, settings: Settings, device: torch.device, bandwidth: 
             text = errors if isinstance(errors, str) else ", ".join(f"{k} {v:.1e}" for k, v in errors.items())
             print(f"{tag}:   {comparison}: {text}", flush=True)
     result["variants"] = {}
+    crashed = None
     for name in settings.variants:
-        result["variants"][name] = measure_variant(name, inputs, device, settings, tag)
+        if crashed is not None:
+            lost = f"skipped: the CUDA context was lost to {crashed}'s crash (--isolate runs each variant apart)"
+            result["variants"][name] = {mode: asdict(Measurement(lost)) for mode in MODES}
+            continue
+        result["variants"][name] = measure_variant(name, inputs, device, settings, tag, skips[name])
+        if any(is_crash(m["status"]) for m in result["variants"][name].values()):
+            crashed = name
         free_memory()
     del inputs
     free_memory()
@@ -280,10 +349,16 @@ def benchmark_graph(graph, settings: Settings, device: torch.device, bandwidth: 
 
 
 def measure_variant(
-    name: str, inputs: BenchInputs, device: torch.device, settings: Settings, tag: str
+    name: str, inputs: BenchInputs, device: torch.device, settings: Settings, tag: str, skip: dict | None = None
 ) -> dict[str, dict]:
-    """{mode: Measurement as a dict} for forward (under no_grad) and forward+backward."""
+    """{mode: Measurement as a dict} for forward (under no_grad) and forward+backward. ``skip``: {mode: the status to
+    report instead of running it (a predicted OOM), or None}."""
     timing = settings.timing
+    skip = skip or {}
+    if all(skip.get(mode) for mode in MODES):
+        for mode in MODES:
+            print(f"{tag} {name:22s} {MODES[mode]:17s} ... {skip[mode]}", flush=True)
+        return {mode: asdict(Measurement(skip[mode])) for mode in MODES}
     if name in PEER_VARIANTS and name not in settings.peer_paths:
         return {mode: asdict(Measurement(PEER_SKIPPED)) for mode in MODES}
     if name in COMPILED_VARIANTS and device.type != "cuda":
@@ -300,7 +375,12 @@ def measure_variant(
     measured = {}
     for mode in MODES:
         print(f"{tag} {name:22s} {MODES[mode]:17s} ... ", end="", flush=True)
-        m = measure_call(calls[mode], device, timing, variant.leaves) if calls else Measurement(status)
+        if skip.get(mode):
+            m = Measurement(skip[mode])
+        elif calls:
+            m = measure_call(calls[mode], device, timing, variant.leaves)
+        else:
+            m = Measurement(status)
         print(describe(m), flush=True)
         measured[mode] = asdict(m)
         free_memory()
@@ -338,3 +418,112 @@ def describe(m: Measurement) -> str:
         return m.status
     memory = "" if m.peak_mib is None else f", peak {m.peak_mib:.0f} MiB (+{m.extra_mib:.0f} over the inputs)"
     return f"{m.ms:9.3f} ms{memory}"
+
+
+def child_command(graph_name: str, variant: str, settings: Settings, out: Path) -> list[str]:
+    """The command that measures one variant of one graph in a process of its own, with this run's settings."""
+    timing = settings.timing
+    command = [
+        sys.executable, "-m", "benchmarks.graphs", "--graphs", graph_name, "--variants", variant,
+        "--dtype", str(settings.dtype).removeprefix("torch."), "--heads", str(settings.heads),
+        "--channels", str(settings.channels), "--eps", repr(settings.eps), "--warmup-ms", repr(timing.warmup_ms),
+        "--rep-ms", repr(timing.rep_ms), "--no-check", "--no-plot", "--no-quick", "--no-isolate", "--out", str(out),
+    ]  # fmt: skip
+    if timing.cpu_reps != 1:
+        command += ["--reps", str(timing.cpu_reps)]
+    for peer, path in settings.peer_paths.items():
+        command += ["--" + peer.replace("_", "-"), str(path)]
+    return command
+
+
+def _last_error_line(lines) -> str:
+    """The last line of a child's output that names an error (a Python exception's last line), else its last line."""
+    lines = [line.strip() for line in lines if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "error" in line or "Exception" in line:
+            return line[:200]
+    return lines[-1][:200] if lines else "no output"
+
+
+def run_in_child(command: list[str], log_path: Path, tag: str, timeout_s: float = CHILD_TIMEOUT_S) -> tuple[int, str]:
+    """Runs ``command`` from the repository root, its output echoed (indented) and written to ``log_path``;
+    (exit code, its last error line). A child past ``timeout_s`` is killed (exit code -9)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    with open(log_path, "w") as log:
+        child = subprocess.Popen(
+            command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ)
+        )
+        watchdog = threading.Timer(timeout_s, child.kill)
+        watchdog.start()
+        try:
+            for line in child.stdout:
+                log.write(line)
+                tail.append(line)
+                print(f"{tag}   | {line}", end="", flush=True)
+            code = child.wait()
+        finally:
+            watchdog.cancel()
+    return code, _last_error_line(tail)
+
+
+def measure_variant_in_child(
+    graph_name: str, variant: str, settings: Settings, out: Path, tag: str, timeout_s: float = CHILD_TIMEOUT_S
+) -> tuple[dict[str, dict], dict | None]:
+    """({mode: Measurement as a dict}, the child's graph result or None) for one variant measured in a process of
+    its own. A child that dies before writing its result gives "crash: <its last error line>" in both modes."""
+    folder = out / variant
+    code, error = run_in_child(child_command(graph_name, variant, settings, folder), out / f"{variant}.log", tag,
+                               timeout_s)  # fmt: skip
+    try:
+        graph = json.loads((folder / "results.json").read_text())["graphs"][0]
+        measured = graph["variants"][variant]
+    except (OSError, ValueError, KeyError, IndexError):
+        why = "timed out" if code == -9 else f"exit code {code}"
+        crashed = Measurement(f"crash: {why}: {error}")
+        return {mode: asdict(crashed) for mode in MODES}, None
+    return measured, graph
+
+
+def benchmark_graph_isolated(
+    graph, settings: Settings, bandwidth: float, tag: str, skips: dict, sizes: Sizes, out: Path
+) -> dict:
+    """benchmark_graph with every variant in a child process (measure_variant_in_child); the graph's floor comes
+    from the first child that measured (its layout), or from the row counts alone if none did."""
+    lo, mean, hi = graph.in_degree_stats()
+    result = {
+        "name": graph.name,
+        "kind": graph.kind,
+        "description": graph.description,
+        "num_src": graph.num_src,
+        "num_dst": graph.num_dst,
+        "num_edges": graph.num_edges,
+        "in_degree": {"min": lo, "mean": mean, "max": hi},
+        "inputs_mib": inputs_bytes(sizes) / MIB,
+        "floor": None,
+        "accuracy": None,  # the check's fp32 reference does not fit where variants need a process each
+        "isolated": True,
+        "variants": {},
+    }
+    for name in settings.variants:
+        if all(skips[name].get(mode) for mode in MODES):
+            for mode in MODES:
+                print(f"{tag} {name:22s} {MODES[mode]:17s} ... {skips[name][mode]}", flush=True)
+            result["variants"][name] = {mode: asdict(Measurement(skips[name][mode])) for mode in MODES}
+            continue
+        print(f"{tag} {name}: in a child process ...", flush=True)
+        measured, child = measure_variant_in_child(graph.name, name, settings, out, tag)
+        for mode in MODES:
+            print(f"{tag} {name:22s} {MODES[mode]:17s} ... {describe(Measurement(**measured[mode]))}", flush=True)
+        result["variants"][name] = measured
+        if child is not None and result["floor"] is None:
+            result["floor"], result["inputs_mib"] = child["floor"], child["inputs_mib"]
+    if result["floor"] is None:
+        row_bytes = sizes.row
+        fwd = (2 * sizes.num_dst + 2 * sizes.num_src + sizes.num_edges) * row_bytes
+        fwd_bwd = fwd + (3 * sizes.num_dst + 4 * sizes.num_src + 2 * sizes.num_edges) * row_bytes
+        result["floor"] = {"fwd_bytes": fwd, "fwd_bwd_bytes": fwd_bwd, "index_arrays": "left out (no child measured)"}
+    for mode in MODES:  # this process's bandwidth, as for every other graph of the run
+        result["floor"][f"{mode}_ms"] = 1e3 * result["floor"][f"{mode}_bytes"] / bandwidth
+    result.update(compare_with_fused(result))
+    return result

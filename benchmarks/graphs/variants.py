@@ -19,6 +19,9 @@ from gtnorm.nn.reference import reference_graph_transformer_attention
 from gtnorm.triton.config import launch_config_for
 
 RMS_VARIANTS = ("pyg", "pyg_compiled", "unfused", "unfused_compiled_norm", "fused")
+# Anemoi main's kernel (anemoi-models, no norm inside) after torch's RMSNorm, eager and compiled: the RMSNorm
+# counterparts of anemoi_layer / anemoi_compiled_layer (issue 50).
+ANEMOI_RMS_VARIANTS = ("anemoi_rms", "anemoi_compiled_rms")
 LAYER_NORM_VARIANTS = (
     "pyg_layer", "unfused_layer", "unfused_compiled_layer", "anemoi_layer", "anemoi_compiled_layer", "fused_layer"
 )
@@ -26,21 +29,27 @@ PROJECTION_VARIANTS = ("lin_edge_fused_layer", "fused_projection")
 # Kernels of others that live outside this repository, run only when the user names their files
 # (benchmarks/peer_kernels.py; `python -m benchmarks.graphs --anemoi-fused-qk PATH`).
 PEER_VARIANTS = ("anemoi_fused_qk",)
-VARIANTS = (*RMS_VARIANTS, *LAYER_NORM_VARIANTS, "no_norm", *PROJECTION_VARIANTS, *PEER_VARIANTS)
+VARIANTS = (*RMS_VARIANTS, *ANEMOI_RMS_VARIANTS, *LAYER_NORM_VARIANTS, "no_norm", *PROJECTION_VARIANTS, *PEER_VARIANTS)
 # Raw attributes per edge of the projection variants: Anemoi's lin_edge input (edge length, direction and
 # trainable edge parameters) is about this wide.
 EDGE_DIM = 11
 COMPILED_VARIANTS = frozenset(
-    {"pyg_compiled", "unfused_compiled_norm", "unfused_compiled_layer", "anemoi_compiled_layer"}
+    {"pyg_compiled", "unfused_compiled_norm", "unfused_compiled_layer", "anemoi_compiled_layer", "anemoi_compiled_rms"}
 )
 # Anemoi's kernel is a CUDA-only custom op (device_types="cuda"): it has no interpreter path.
-CUDA_ONLY_VARIANTS = frozenset({"anemoi_layer", "anemoi_compiled_layer", "anemoi_fused_qk"})
+CUDA_ONLY_VARIANTS = frozenset(
+    {"anemoi_rms", "anemoi_compiled_rms", "anemoi_layer", "anemoi_compiled_layer", "anemoi_fused_qk"}
+)
 DESCRIPTIONS = {
     "pyg": "torch.nn.RMSNorm on q, k + the PyG MessagePassing of GraphTransformerConv(backend='pyg'), eager",
     "pyg_compiled": "the pyg variant under torch.compile",
     "unfused": "gtnorm.rms_norm on q, k + gtnorm.graph_transformer_attention(qk_norm=False)",
     "unfused_compiled_norm": "torch.compile'd F.rms_norm on q, k + gtnorm.graph_transformer_attention(qk_norm=False)",
     "fused": "gtnorm.graph_transformer_attention(qk_norm=True): RMSNorm inside the attention kernels",
+    "anemoi_rms": "eager F.rms_norm (weight) on q, k + Anemoi main's Triton kernel (anemoi.models.triton.gt, as "
+    "anemoi-models ships it; no norm inside), called as anemoi_layer calls it",
+    "anemoi_compiled_rms": "torch.compile'd F.rms_norm on q, k + Anemoi main's Triton kernel (the anemoi_rms path "
+    "otherwise)",
     "pyg_layer": "torch.nn.LayerNorm on q, k + the PyG MessagePassing, eager (the LayerNorm variants' reference)",
     "unfused_layer": "eager F.layer_norm on q, k + gtnorm.graph_transformer_attention(qk_norm=False)",
     "unfused_compiled_layer": "torch.compile'd F.layer_norm on q, k + gtnorm's kernels with qk_norm=False",
@@ -201,6 +210,8 @@ def build_variant(name: str, inputs: BenchInputs, peer_paths: dict | None = None
         return _anemoi_fused_qk_variant(inputs, path)
     if name in LAYER_NORM_VARIANTS:
         return _build_layer_norm_variant(name, inputs)
+    if name in ANEMOI_RMS_VARIANTS:
+        return _build_anemoi_rms_variant(name, inputs)
     if name in PROJECTION_VARIANTS:
         return _build_projection_variant(name, inputs)
     q, k, v, e, layout, eps = inputs.query, inputs.key, inputs.value, inputs.edge_attr, inputs.layout, inputs.eps
@@ -292,11 +303,23 @@ def _build_layer_norm_variant(name: str, inputs: BenchInputs) -> Variant:
     )
 
 
-def _anemoi_attention(inputs: BenchInputs, layer_norm) -> Callable[[], Tensor]:
-    """Anemoi's path with qk_norm on: LayerNorm on q and k, then its Triton kernel, called as its
-    GraphTransformerProcessorBlock does (anemoi/models/layers/block.py, apply_gt): CSC and reverse index built
-    with its edge_index_to_csc (here once, outside the timed region, like gtnorm's layout; benchmarks.peer_kernels
-    .anemoi_csc), edge features gathered into CSC order only when the graph's edges are not sorted by destination."""
+def _build_anemoi_rms_variant(name: str, inputs: BenchInputs) -> Variant:
+    wq, wk, eps, channels = inputs.q_norm_weight, inputs.k_norm_weight, inputs.eps, (inputs.channels,)
+
+    def rms_norm(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:  # b: _anemoi_attention's LayerNorm signature
+        return F.rms_norm(x, channels, w, eps)
+
+    norm = torch.compile(rms_norm, dynamic=False) if name == "anemoi_compiled_rms" else rms_norm
+    q, k, v, e = inputs.query, inputs.key, inputs.value, inputs.edge_attr
+    return Variant(name, _anemoi_attention(inputs, norm, with_bias=False), (q, k, v, e, wq, wk))
+
+
+def _anemoi_attention(inputs: BenchInputs, layer_norm, with_bias: bool = True) -> Callable[[], Tensor]:
+    """Anemoi's path with qk_norm on: LayerNorm (or RMSNorm: ``with_bias`` False) on q and k, then its Triton
+    kernel, called as its GraphTransformerProcessorBlock does (anemoi/models/layers/block.py, apply_gt): CSC and
+    reverse index built with its edge_index_to_csc (here once, outside the timed region, like gtnorm's layout;
+    benchmarks.peer_kernels.anemoi_csc), edge features gathered into CSC order only when the graph's edges are not
+    sorted by destination."""
     if inputs.query.device.type != "cuda":
         raise RuntimeError("Anemoi's Triton kernel is a CUDA-only custom op")
     from anemoi.models.triton.gt import graph_transformer_attention_conv
@@ -305,6 +328,8 @@ def _anemoi_attention(inputs: BenchInputs, layer_norm) -> Callable[[], Tensor]:
 
     q, k, v, e = inputs.query, inputs.key, inputs.value, inputs.edge_attr
     wq, wk, bq, bk = inputs.q_norm_weight, inputs.k_norm_weight, inputs.q_norm_bias, inputs.k_norm_bias
+    if not with_bias:
+        bq = bk = None
     num_nodes = (inputs.num_src, inputs.num_dst)
     csc, perm, reverse = anemoi_csc(inputs.edge_index, num_nodes)
 
