@@ -223,8 +223,14 @@ def committed_gpu_header(folder: Path = COMMITTED_GPU_RESULTS) -> str:
     )
 
 
+# A run of graphs too large for the main run's device or variants (the 9 km decoder), kept beside it: its rows join
+# the main run's table (committed_gpu_summary).
+EXTRA_RESULTS_FOLDER = "graphs-o1280"
+
+
 def committed_gpu_summary(folder: Path = COMMITTED_GPU_RESULTS) -> str:
-    """The committed GPU run as one markdown table (times, speedup, % of the HBM floor, memory); the README
+    """The committed GPU run as one markdown table (times, speedups, % of the HBM floor, memory), with Anemoi's
+    kernels as columns, and the rows of its sibling folder EXTRA_RESULTS_FOLDER where that exists; the README
     shows the same table (tests/benchmarks/test_quick.py keeps the two equal)."""
     results = json.loads((folder / "results.json").read_text())
     meta = results["meta"]
@@ -235,37 +241,79 @@ def committed_gpu_summary(folder: Path = COMMITTED_GPU_RESULTS) -> str:
         f"and k; torch {torch_version}, triton {meta['triton']}; from {folder.relative_to(REPO)}/). "
         "Times in ms, forward / forward+backward:",
         "",
-        "| graph | nodes (src → dst) | edges | pyg | pyg compiled | unfused | fused | fused speedup over pyg "
-        "compiled | fused % of HBM floor | extra memory fwd+bwd, MiB: pyg compiled / fused | LayerNorm "
-        "fwd+bwd: fused_layer speedup over anemoi_layer / anemoi_compiled_layer |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| graph | nodes (src → dst) | edges | pyg | pyg compiled | unfused | fused | Anemoi main + compiled RMSNorm "
+        "| Anemoi fused-QK | fused speedup over pyg compiled | fused fwd+bwd speedup over Anemoi: main + RMSNorm "
+        "eager / compiled, fused-QK | fused % of HBM floor | extra memory fwd+bwd, MiB: pyg compiled / fused "
+        "| LayerNorm fwd+bwd: fused_layer speedup over anemoi_layer / anemoi_compiled_layer |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for g in results["graphs"]:
+    graphs = list(results["graphs"])
+    extra = folder.parent / EXTRA_RESULTS_FOLDER
+    extra_meta = None
+    if (extra / "results.json").is_file():
+        extra_results = json.loads((extra / "results.json").read_text())
+        extra_meta = extra_results["meta"]
+        graphs += extra_results["graphs"]
+    for g in graphs:
         v = g["variants"]
         times = [
-            " / ".join(_ms(v[name][mode]) for mode in MODES) for name in ("pyg", "pyg_compiled", "unfused", "fused")
+            _times(v, name)
+            for name in ("pyg", "pyg_compiled", "unfused", "fused", "anemoi_compiled_rms", "anemoi_fused_qk")
         ]
-        speedup = " / ".join(_factor(g["fused_speedup"]["pyg_compiled"][mode]) for mode in MODES)
-        floor = " / ".join(f"{g['fused_pct_of_floor'][mode]:.0f}%" for mode in MODES)
-        memory = f"{v['pyg_compiled']['fwd_bwd']['extra_mib']:.0f} / {v['fused']['fwd_bwd']['extra_mib']:.0f}"
+        speedup = " / ".join(_factor(_over(v, "pyg_compiled", "fused", mode)) for mode in MODES)
+        anemoi = " / ".join(
+            _factor(_over(v, name, "fused", "fwd_bwd"), ".2f")
+            for name in ("anemoi_rms", "anemoi_compiled_rms", "anemoi_fused_qk")
+        )
+        floor = " / ".join(_percent((g.get("fused_pct_of_floor") or {}).get(mode)) for mode in MODES)
+        memory = f"{_extra_mib(v, 'pyg_compiled')} / {_extra_mib(v, 'fused')}"
         layer = " / ".join(
             _factor(_over(v, anemoi, "fused_layer", "fwd_bwd")) for anemoi in ("anemoi_layer", "anemoi_compiled_layer")
         )
         lines.append(
             f"| {g['name']} ({g['kind']}) | {g['num_src']:,} → {g['num_dst']:,} | {g['num_edges']:,} | "
             + " | ".join(times)
-            + f" | {speedup} | {floor} | {memory} | {layer} |"
+            + f" | {speedup} | {anemoi} | {floor} | {memory} | {layer} |"
         )
     lines += [
         "",
         "pyg: torch.nn.RMSNorm + PyG MessagePassing (eager; compiled: torch.compile); unfused: gtnorm.rms_norm + "
-        "the attention kernels without the norm; fused: the norm inside the attention kernels. % of HBM floor: "
+        "the attention kernels without the norm; fused: the norm inside the attention kernels. Anemoi main: "
+        "torch's RMSNorm on q and k (eager, or torch.compile'd) + the Triton kernel anemoi-models ships "
+        "(anemoi.models.triton.gt, no norm inside); Anemoi fused-QK: the kernel of Anemoi's unreleased "
+        "fused-QK-norm branch (RMSNorm inside, no affine weights). % of HBM floor: "
         "the time it takes to move every byte that must move once at the measured copy bandwidth, over the "
         "fused time. anemoi_layer: torch's LayerNorm on q and k + Anemoi's Triton kernel (anemoi_compiled_layer: "
         "the LayerNorm torch.compile'd, as a compiling user runs it); fused_layer: gtnorm with the LayerNorm inside "
-        "its kernels.",
+        "its kernels. –: not run; OOM: out of GPU memory; crash: the kernel stopped the process (e.g. an illegal "
+        "memory access).",
     ]
+    if extra_meta is not None:
+        names = ", ".join(g["name"] for g in extra_results["graphs"])
+        lines[-1] += (
+            f" {names}: its own run ({extra_meta['device']}, run of {run_date(extra)}; from "
+            f"{extra.relative_to(REPO)}/), each variant in a process of its own."
+        )
     return "\n".join(lines) + "\n"
+
+
+def _times(variants: dict, name: str) -> str:
+    if name not in variants:
+        return "–"
+    return " / ".join(_ms(variants[name][mode]) for mode in MODES)
+
+
+def _extra_mib(variants: dict, name: str) -> str:
+    measured = variants.get(name, {}).get("fwd_bwd")
+    if measured is None:
+        return "–"
+    if measured["status"] != "ok":
+        return measured["status"].split(":")[0]
+    return f"{measured['extra_mib']:.0f}"
+
+
+def _percent(x: float | None) -> str:
+    return "–" if x is None else f"{x:.0f}%"
 
 
 def _over(variants: dict, slower: str, faster: str, mode: str) -> float | None:
@@ -277,5 +325,5 @@ def _ms(measured: dict) -> str:
     return f"{measured['ms']:.2f}" if measured["status"] == "ok" else measured["status"].split(":")[0]
 
 
-def _factor(x: float | None) -> str:
-    return "–" if x is None else f"{x:.1f}×"
+def _factor(x: float | None, fmt: str = ".1f") -> str:
+    return "–" if x is None else f"{x:{fmt}}×"

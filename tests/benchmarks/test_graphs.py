@@ -217,7 +217,7 @@ def test_suites_and_names():
     assert SUITES["full"] == ("era_to_h", "h_to_h", "h_to_era", "dop_enc_large")
     assert set(SUITES) == {"full", "small", "tiny"}
     names = graph_names()
-    assert len(names) == len(set(names)) == 12
+    assert len(names) == len(set(names)) == 13  # the suites' 12 and h_to_era_o1280, by name only
     for suite in SUITES.values():
         assert [catalog.GRAPH_SPECS[n].kind for n in suite] == ["encoder", "processor", "decoder", "encoder"]
         assert set(suite) <= set(names)
@@ -353,3 +353,171 @@ def test_unreadable_or_mismatched_cache_file_is_rebuilt(tmp_path, built):
     assert torch.equal(load_graph(name, cache_dir=tmp_path).edge_index, built[name].edge_index)
     torch.save([1, 2], path)
     assert torch.equal(load_graph(name, cache_dir=tmp_path).edge_index, built[name].edge_index)
+
+
+# --- the 9 km decoder (h_to_era_o1280, issue 50): by name only, its variants each in a process -------------------
+
+
+def test_o1280_decoder_is_named_outside_every_suite():
+    spec = catalog.GRAPH_SPECS["h_to_era_o1280"]
+    assert (spec.kind, spec.level, spec.grid, spec.num_nearest) == ("decoder", 7, 1280, 3)
+    assert grids.octahedral_num_points(1280) == 6_599_680 and grids.icosahedral_num_nodes(7) == 163_842
+    assert 3 * grids.octahedral_num_points(1280) == 19_799_040
+    assert all("h_to_era_o1280" not in suite for suite in SUITES.values())
+    assert catalog.ISOLATED_GRAPHS == {"h_to_era_o1280"}
+    assert spec.describe() == "icosahedron r7 -> O1280, 3 nearest hidden nodes per data node"
+
+
+def test_gaussian_nodes_from_scipy_above_the_threshold_agree_with_leggauss(monkeypatch):
+    # Up to O640 the nodes are leggauss's, bit for bit (the cached graphs' edges stay the same).
+    assert np.array_equal(grids.gaussian_nodes(96), np.polynomial.legendre.leggauss(96)[0])
+    monkeypatch.setattr(grids, "LEGGAUSS_MAX_ROWS", 64)
+    from_scipy = grids.gaussian_nodes(200)
+    np.testing.assert_allclose(from_scipy, np.polynomial.legendre.leggauss(200)[0], rtol=0, atol=1e-14)
+    assert np.all(np.diff(from_scipy) > 0)
+
+
+def test_decoder_edges_without_the_global_sort_are_sort_by_destinations():
+    data = grids.octahedral_grid(24)
+    hidden = grids.icosahedral_mesh(3).vertices
+    from scipy.spatial import cKDTree
+
+    _, nearest = cKDTree(hidden).query(data, k=3)
+    expected = edges.sort_by_destination(nearest.ravel(), np.repeat(np.arange(len(data)), 3), len(hidden))
+    got = edges.knn_edges(hidden, data, 3)
+    assert got.dtype == np.int64 and np.array_equal(got, expected)
+
+
+def test_memory_model_at_o1280():
+    from benchmarks.graphs.memory import GIB, Sizes, inputs_bytes, predicted_oom, predicted_peak_bytes
+
+    sizes = Sizes(163_842, 6_599_680, 19_799_040, heads=16, channels=64, element_size=2)
+    assert sizes.e == 19_799_040 * 2048 and inputs_bytes(sizes) / GIB == pytest.approx(64.2, abs=0.1)
+    h200 = 139 * GIB
+    fused = predicted_peak_bytes("fused", sizes)
+    assert fused["fwd"] / GIB == pytest.approx(77.1, abs=0.1)
+    assert fused["fwd_bwd"] / GIB == pytest.approx(131.3, abs=0.1)
+    assert predicted_oom("fused", sizes, h200) == {"fwd": None, "fwd_bwd": None}
+    anemoi = predicted_oom("anemoi_compiled_rms", sizes, h200)
+    assert anemoi["fwd"] is None and anemoi["fwd_bwd"].startswith("OOM: predicted peak 179 GiB > 139 GiB")
+    assert all(predicted_oom("pyg", sizes, h200).values())
+    small = Sizes(10_242, 40_320, 120_960, 16, 64, 2)
+    assert not any(any(predicted_oom(v, small, h200).values()) for v in ("pyg", "anemoi_rms", "fused_projection"))
+
+
+def test_a_cuda_error_that_poisons_the_context_is_a_crash():
+    from benchmarks.graphs.measure import guarded, is_crash
+
+    def illegal():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be ...")
+
+    _, status = guarded(illegal)
+    assert is_crash(status) and status == "crash: RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert guarded(lambda: 1 / 0)[1].startswith("error: ZeroDivisionError")
+
+
+def _fake_child(monkeypatch, script: str):
+    import sys
+
+    from benchmarks.graphs import run
+
+    command = lambda graph, variant, settings, out: [sys.executable, "-c", script, str(out)]  # noqa: E731
+    monkeypatch.setattr(run, "child_command", command)
+
+
+def test_a_variant_in_a_child_process_reports_what_the_child_measured(tmp_path, monkeypatch):
+    from benchmarks.graphs import run
+
+    script = (
+        "import json, pathlib, sys; out = pathlib.Path(sys.argv[1]); out.mkdir(parents=True); print('measuring'); "
+        "m = dict(status='ok', ms=1.5, peak_mib=2.0, extra_mib=1.0); "
+        "g = dict(floor=dict(fwd_bytes=10, fwd_bwd_bytes=30), inputs_mib=3.0, "
+        "variants=dict(fused=dict(fwd=m, fwd_bwd=m))); "
+        "(out / 'results.json').write_text(json.dumps(dict(graphs=[g])))"
+    )
+    _fake_child(monkeypatch, script)
+    measured, graph = run.measure_variant_in_child("g", "fused", None, tmp_path, "[t]")
+    assert measured["fwd"]["ms"] == 1.5 and graph["floor"]["fwd_bwd_bytes"] == 30
+    assert (tmp_path / "fused.log").read_text() == "measuring\n"
+
+
+def test_a_child_that_dies_is_a_crash_cell(tmp_path, monkeypatch):
+    from benchmarks.graphs import run
+
+    script = (
+        "import os, sys; print('RuntimeError: CUDA error: an illegal memory access was encountered'); "
+        "sys.stdout.flush(); os.abort()"
+    )
+    _fake_child(monkeypatch, script)
+    measured, graph = run.measure_variant_in_child("g", "anemoi_rms", None, tmp_path, "[t]")
+    assert graph is None
+    for mode in ("fwd", "fwd_bwd"):
+        status = measured[mode]["status"]
+        assert status.startswith("crash: exit code -6: RuntimeError: CUDA error: an illegal memory access"), status
+    _fake_child(monkeypatch, "import time; time.sleep(30)")
+    measured, _ = run.measure_variant_in_child("g", "anemoi_rms", None, tmp_path, "[t]", timeout_s=0.5)
+    assert measured["fwd"]["status"].startswith("crash: timed out")
+
+
+def test_child_command_passes_the_runs_settings(tmp_path):
+    from benchmarks.graphs import run
+    from benchmarks.graphs.measure import Settings, TimingSettings
+
+    settings = Settings(torch.float16, 16, 64, 1e-5, ("fused",), TimingSettings(warmup_ms=5.0, rep_ms=20.0), True,
+                        {"anemoi_fused_qk": tmp_path})  # fmt: skip
+    command = run.child_command("h_to_era_o1280", "anemoi_fused_qk", settings, tmp_path / "x")
+    assert command[1:3] == ["-m", "benchmarks.graphs"]
+    args = run.parse_args(command[3:], on_gpu=True)
+    assert (args.graphs, args.variants, args.dtype, args.heads, args.channels) == (
+        ["h_to_era_o1280"], ["anemoi_fused_qk"], "float16", 16, 64
+    )
+    assert (args.eps, args.warmup_ms, args.rep_ms, args.anemoi_fused_qk) == (1e-5, 5.0, 20.0, tmp_path)
+    assert args.no_check and args.no_plot and args.quick is False and args.isolate is False
+    assert args.out == tmp_path / "x"
+
+
+def _graph_result(name, variants, pct=None):
+    m = lambda ms: dict(status="ok", ms=ms, peak_mib=10.0, extra_mib=5.0)  # noqa: E731
+    return dict(
+        name=name, kind="decoder", num_src=3, num_dst=4, num_edges=12, fused_pct_of_floor=pct,
+        variants={v: (dict(fwd=m(ms), fwd_bwd=m(2 * ms)) if isinstance(ms, float) else dict(fwd=ms, fwd_bwd=ms))
+                  for v, ms in variants.items()},
+    )  # fmt: skip
+
+
+def test_the_readme_table_takes_anemois_kernels_and_the_o1280_run(tmp_path, monkeypatch):
+    import json
+
+    from benchmarks.graphs import quick
+
+    monkeypatch.setattr(quick, "REPO", tmp_path)
+    meta = dict(device="GPU X", dtype="bfloat16", heads=16, channels=64, torch="2.11.0", triton="3.6.0",
+                started="2026-11-27 10:00:00")  # fmt: skip
+    main, extra = tmp_path / "dev" / "graphs", tmp_path / "dev" / quick.EXTRA_RESULTS_FOLDER
+    main.mkdir(parents=True)
+    variants = dict(pyg=4.0, pyg_compiled=2.0, unfused=1.5, fused=1.0, anemoi_rms=3.0, anemoi_compiled_rms=2.5,
+                    anemoi_fused_qk=1.4, fused_layer=1.1, anemoi_layer=3.3, anemoi_compiled_layer=2.2)  # fmt: skip
+    graphs = [_graph_result("g1", variants, dict(fwd=90.0, fwd_bwd=70.0))]
+    (main / "results.json").write_text(json.dumps(dict(meta=meta, graphs=graphs)))
+    table = quick.committed_gpu_summary(main)
+    row = next(line for line in table.splitlines() if line.startswith("| g1 "))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    header = next(line for line in table.splitlines() if line.startswith("| graph "))
+    assert len(cells) == header.count("|") - 1 == 14
+    assert cells[7:11] == ["2.50 / 5.00", "1.40 / 2.80", "2.0× / 2.0×", "3.00× / 2.50× / 1.40×"]
+    assert cells[11] == "90% / 70%"
+    assert "h_to_era_o1280" not in table
+
+    extra.mkdir()
+    crash = dict(status="crash: RuntimeError: CUDA error: an illegal memory access", ms=None, peak_mib=None,
+                 extra_mib=None)  # fmt: skip
+    oom = dict(status="OOM: predicted peak 180 GiB > 139 GiB of the device (not run)", ms=None, peak_mib=None,
+               extra_mib=None)  # fmt: skip
+    big = _graph_result("h_to_era_o1280", dict(fused=40.0, anemoi_rms=crash, anemoi_compiled_rms=oom), None)
+    (extra / "results.json").write_text(json.dumps(dict(meta=meta, graphs=[big])))
+    table = quick.committed_gpu_summary(main)
+    row = next(line for line in table.splitlines() if line.startswith("| h_to_era_o1280 "))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3:11] == ["–", "–", "–", "40.00 / 80.00", "OOM / OOM", "–", "– / –", "– / – / –"]
+    assert cells[11:13] == ["– / –", "– / 5"]
+    assert "h_to_era_o1280: its own run (GPU X, run of 2026-11-27; from dev/graphs-o1280/)" in table
