@@ -130,7 +130,7 @@ GRAPH_SPECS: dict[str, GraphSpec] = {
     "dop_enc_tiny": _encoder(16, 2),
     # The 9 km decoder (NOTES §10 of the project background, issue 50): level-7 hidden mesh -> O1280, 3 nearest
     # per data node. In no suite: with e materialised its inputs alone take 64 GiB (bf16, 16 x 64) and a fused
-    # forward+backward ~131 GiB (benchmarks/graphs/memory.py); selectable by name only.
+    # forward+backward ~132 GiB (benchmarks/graphs/memory.py); selectable by name only.
     "h_to_era_o1280": _decoder(7, 1280),
 }
 

@@ -6,7 +6,7 @@ Units (bytes): a node or edge row is H * C * element size (2 KiB at 16 x 64 in b
     Q = N_dst rows (q, dO, out, dq each), K = N_src rows (k, v, dk, dv each), E = M rows (e, de),
     S = M * H * 4 (one fp32 number per edge and head: the backward's a and da scratch, each), s = N_dst * H * 4.
 The harness holds the inputs for every variant (``inputs_bytes``): q, dO (2Q), k, v (2K), e (E), edge_index and
-the layout's index arrays (~32 bytes per edge). On top of that, each variant's peak during one call (forward under
+the layout's index arrays (~44 bytes per edge). On top of that, each variant's peak during one call (forward under
 no_grad, or forward+backward) is the sum of what is alive at its largest moment:
 
 - fused, fused_layer, no_norm: forward out (Q) + lse (s); forward+backward out, dq (2Q), dk, dv (2K), de (E),
@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GIB = 2**30
-INDEX_BYTES_PER_EDGE = 32  # edge_index (2 int64) + the layout's int32 arrays by destination and by source
+INDEX_BYTES_PER_EDGE = 44  # edge_index (2 int64: 16) + the layout (27 at O1280: 505 MiB for 19.8M edges), rounded up
 EDGE_DIM = 11  # variants.EDGE_DIM (not imported: variants imports gtnorm, this module stays import-light)
 
 
