@@ -29,8 +29,9 @@ def _ok(row: dict, name: str, mode: str) -> dict:
 
 
 def _in_default_config(name: str) -> bool:
-    """Whether a variant runs the config as users have it: checkpointing on (``nockpt`` trades memory for time)."""
-    return "nockpt" not in name.split("/")[2:]
+    """Whether a variant runs the config and compile settings users have: checkpointing on (``nockpt`` trades
+    memory for time), torch's recompile limit (``limit64`` raises it)."""
+    return not {"nockpt", "limit64"} & set(name.split("/")[2:])
 
 
 def best(row: dict, side: str, mode: str) -> tuple[str, dict] | None:
