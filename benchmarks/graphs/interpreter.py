@@ -34,8 +34,13 @@ def skip_repeated_language_patches() -> bool:
         # _patch_lang_core sets multiple_of to a functools.partial on every module it patches; restore() undoes it.
         return isinstance(getattr(lang, "multiple_of", None), functools.partial)
 
+    @functools.cache
+    def languages(fn) -> tuple:
+        """The language modules a helper's globals hold, as _patch_lang finds them (a module's imports stay put)."""
+        return tuple(v for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+
     def call(self, *args, **kwargs):
-        langs = [v for v in self.fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)]
+        langs = languages(self.fn)
         if not langs or not all(patched(lang) for lang in langs):
             patch_lang(self.fn)  # outside a launch, or a module the launch did not patch: as the interpreter does
         fn = self.rewrite()
