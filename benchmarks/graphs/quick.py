@@ -37,7 +37,7 @@ QUICK_GRAPHS = ("era_to_h_tiny", "h_to_h_tiny", "h_to_era_tiny")
 HEARTBEAT_S = 10.0  # a line at least this often while an interpreter step runs
 # What `bash run.sh bench` costs on a CPU, as measured (docs/cpu.md lists the runs); the README and run.sh say the same
 # (tests/test_readme.py), the benchmark's --help takes it from here.
-CPU_RUN_TIME = "about 2.5 minutes on 2 cores with two busy processes beside it"
+CPU_RUN_TIME = "about 2 minutes on 2 cores with two busy processes beside it"
 # What one edge costs the check through the interpreter, in ms of one core (H=2, C=16; the interpreter runs the
 # kernels' loops once per edge, so the cost grows with the edges): measured on the four tiny graphs, triton 3.9,
 # with the repeated language patches skipped (interpreter.py). The estimate printed before the checks start.
