@@ -2,17 +2,17 @@
 # gtnorm's two entry points. Each first makes sure the project's virtual environment exists and holds what
 # pyproject.toml asks for (installing only when something is missing or changed), then runs:
 #   bash run.sh bench [args for python -m benchmarks.graphs]   the graph benchmark (GPU: full suite; CPU: quick
-#                                                               mode, about 2.5 minutes on 2 cores with two busy
+#                                                               mode, about 2 minutes on 2 cores with two busy
 #                                                               processes beside it)
 #   bash run.sh test  [args for pytest]                         the test suite (CPU: interpreter, small graphs;
 #                                                               about 40 minutes on 2 cores)
 #   bash run.sh --help                                          this text; installs nothing
 #
-# The first run (a few minutes) creates the environment and installs into it: torch (CUDA build with a GPU, else
-# the CPU build), gtnorm in editable mode with its test, bench and anemoi extras (triton, torch-geometric,
-# pytest, ruff, scipy, matplotlib, anemoi-utils, einops, hydra-core and their dependencies), then anemoi-models
-# 0.19.0 without its dependencies, and downloads anemoi-models' source distribution into the environment (its
-# unit tests, which tests/anemoi/test_upstream.py runs).
+# The first run (about 2 minutes on a 2-core machine) creates the environment and installs into it: torch (CUDA
+# build with a GPU, else the CPU build), gtnorm in editable mode with its extras (triton, torch-geometric, pytest,
+# ruff, scipy, matplotlib, anemoi-utils, einops, hydra-core and their dependencies), then anemoi-models and
+# anemoi-graphs without their dependencies, and downloads anemoi-models' source distribution into the environment
+# (its unit tests, which tests/anemoi/test_upstream.py runs). The versions: at the end of this text.
 #
 # Environment (all optional):
 #   PYTHON                  the Python that creates the environment (default: python3; any >= 3.10, an
@@ -37,7 +37,13 @@ ANEMOI_MODELS="anemoi-models==0.19.0"
 ANEMOI_GRAPHS="anemoi-graphs==0.9.8"  # anemoi-models imports it to build whole models (benchmarks/model)
 CPU_TORCH_INDEX="https://download.pytorch.org/whl/cpu"
 
-usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }  # the header above
+# The header above, and what this script installs, from the variables that decide it.
+usage() {
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
+  echo
+  echo "Installs: $(torch_spec) (on this machine) and gtnorm with its extras $EXTRAS;"
+  echo "without their dependencies: $ANEMOI_MODELS, $ANEMOI_GRAPHS."
+}
 
 # step DESCRIPTION COMMAND...: runs the command, saying what it does, every 15 s that it still runs (pip is
 # silent for minutes on a first install), and how long it took.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import textwrap
 import threading
 import time
@@ -34,6 +35,17 @@ PYG_TIMED_CALLS = 25  # CPU default: median of this many rounds of the PyG path 
 # encoder), 42 s more, which would take a loaded 2-core machine past 3 minutes (--suite tiny runs it).
 QUICK_GRAPHS = ("era_to_h_tiny", "h_to_h_tiny", "h_to_era_tiny")
 HEARTBEAT_S = 10.0  # a line at least this often while an interpreter step runs
+# What `bash run.sh bench` costs on a CPU, as measured (docs/cpu.md lists the runs); the README and run.sh say the same
+# (tests/test_readme.py), the benchmark's --help takes it from here.
+CPU_RUN_TIME = "about 2 minutes on 2 cores with two busy processes beside it"
+# What one edge costs the check through the interpreter, in ms of one core (H=2, C=16; the interpreter runs the
+# kernels' loops once per edge, so the cost grows with the edges): measured on the four tiny graphs, triton 3.9,
+# with the repeated language patches skipped (interpreter.py). The estimate printed before the checks start.
+INTERPRETER_MS_PER_EDGE = 15.0
+# Above this estimate a run is GPU-sized: it says so, and how to run it on a GPU, before it starts.
+GPU_SIZED_S = 300.0
+# bf16 is judged against PyG's own bf16 rounding (the verdict); float32 has no such yardstick, so a fixed bound.
+FLOAT32_TOLERANCE = 1e-4
 
 INTRO = (
     "Quick mode{reason}: the fused Triton kernels run once per graph (forward and backward) and are checked against "
@@ -68,10 +80,13 @@ def run_quick(names: list[str], settings: Settings, device: torch.device, out: P
         )
     results = {"meta": meta, "graphs": []}
     start = time.perf_counter()
-    for index, name in enumerate(names, 1):
-        graph = load_graph(name, verbose=True)
-        results["graphs"].append(check_graph(graph, settings, device, f"[{index}/{len(names)}] {name}", start))
+    graphs = [load_graph(name, verbose=True) for name in names]
+    if not on_gpu:
+        print(textwrap.fill(interpreter_estimate(graphs), width=115), flush=True)
+    for index, graph in enumerate(graphs, 1):
+        results["graphs"].append(check_graph(graph, settings, device, f"[{index}/{len(names)}] {graph.name}", start))
         free_memory()
+    results["verdict"] = verdict(results)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / "results.md").write_text(quick_markdown(results))
@@ -80,7 +95,71 @@ def run_quick(names: list[str], settings: Settings, device: torch.device, out: P
     print(committed_gpu_header())
     print(committed_gpu_summary())
     print(f"wrote {out}/results.json, results.md ({time.perf_counter() - start:.0f} s)")
+    print(results["verdict"]["line"], flush=True)
     return results
+
+
+def interpreter_estimate(graphs: list) -> str:
+    """What the checks will cost here, said before they start; for a GPU-sized run, where to run it instead."""
+    edges = sum(graph.num_edges for graph in graphs)
+    seconds = edges * INTERPRETER_MS_PER_EDGE / 1e3
+    text = (
+        f"Estimate: {edges:,} edges through the Triton interpreter, about {_duration(seconds)} of one core "
+        f"({INTERPRETER_MS_PER_EDGE:g} ms per edge), more on a busy machine."
+    )
+    if seconds > GPU_SIZED_S:
+        text += (
+            " This is a GPU-sized run: on a machine with an NVIDIA GPU the same command checks these graphs in "
+            "seconds and times every variant. Here, `bash run.sh bench` checks three tiny graphs (an encoder, the "
+            "processor and a decoder) and `bash run.sh bench --suite tiny` adds a fourth. Ctrl-C stops this run."
+        )
+    return text
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} minutes"
+    return f"{seconds / 3600:.1f} hours"
+
+
+def verdict(results: dict) -> dict:
+    """{"pass": bool, "line": one line that says pass or fail and against what}. In bf16 / fp16 the fused op
+    passes on a graph when its worst relative error against the PyG path run in float32 (over the output and
+    the six gradients) is no larger than the PyG path's own in that dtype: the fused op is at least as close to
+    the exact result as the reference implementation. In float32, against FLOAT32_TOLERANCE."""
+    dtype = results["meta"]["dtype"]
+    failures, fused_worst, bar_worst = [], 0.0, 0.0
+    for graph in results["graphs"]:
+        accuracy = graph["accuracy"]
+        if dtype == "float32":
+            fused, bar = accuracy.get("fused vs pyg"), FLOAT32_TOLERANCE
+        else:
+            fused, bar = accuracy.get("fused vs pyg fp32"), accuracy.get("pyg vs pyg fp32")
+            if not isinstance(bar, dict):
+                failures.append(f"{graph['name']}: no float32 reference ({bar})")
+                continue
+            bar = max(bar.values())
+        if not isinstance(fused, dict):
+            failures.append(f"{graph['name']}: the fused op gave no result ({fused})")
+            continue
+        worst = max(fused.values(), key=lambda error: (math.isnan(error), error))  # a NaN is the worst
+        fused_worst, bar_worst = max(fused_worst, worst), max(bar_worst, bar)
+        if not worst <= bar:  # NaN fails too
+            failures.append(f"{graph['name']}: worst error {worst:.1e} > {bar:.1e}")
+    bound = (
+        f"within a relative error of {FLOAT32_TOLERANCE:g} of the PyG path"
+        if dtype == "float32"
+        else f"no farther from the PyG path in float32 than the PyG path in {dtype} is"
+    )
+    checked = "the fused kernels' output and six gradients"
+    if failures:
+        line = f"FAIL: {checked} must be {bound}, and are not on " + "; ".join(failures)
+    else:
+        worst = f"fused {fused_worst:.1e}" + ("" if dtype == "float32" else f", PyG {dtype} {bar_worst:.1e}")
+        line = f"PASS: on {len(results['graphs'])} graphs {checked} are {bound} (worst relative error: {worst})"
+    return {"pass": not failures, "line": line}
 
 
 @contextlib.contextmanager

@@ -1,6 +1,5 @@
-"""The graph benchmark: a norm on q and k + graph-transformer attention on Anemoi-sized graphs, 14 ways (the
-variants below): five with RMSNorm, five with LayerNorm, once without a norm, two with the edge features projected
-from raw attributes, and Anemoi's fused-QK-norm kernel where its path is given.
+"""The graph benchmark: a norm on q and k + graph-transformer attention on Anemoi-sized graphs, in the ways listed
+at the end of --help (variants.py; Anemoi's fused-QK-norm kernel where its path is given).
 
     python -m benchmarks.graphs [--suite full|small|tiny | --graphs NAME ...] [--dtype bfloat16]
                                 [--heads 16] [--channels 64] [--variants ...] [--out DIR] [--no-plot] [--no-check]
@@ -18,9 +17,9 @@ runs in a child process of its own, so that a kernel that crashes (an illegal me
 unusable) is reported as "crash: <error>" and the other variants are measured in clean processes. Each child's
 output is kept in DIR/isolated/<graph>/<variant>.log.
 
-Without a GPU the default is quick mode (quick.py; about 2.5 minutes on 2 cores, measured with two busy processes
-beside it): the fused kernels, through the Triton interpreter, checked once against the PyG reference on a tiny
-encoder, processor and decoder, the PyG path timed, and the committed GPU results summarised. --no-quick times
+Without a GPU the default is quick mode (quick.py; its time on a CPU: at the end of --help): the fused kernels,
+through the Triton interpreter, checked once against the PyG reference on a tiny encoder, processor and decoder,
+the PyG path timed, and the committed GPU results summarised. --no-quick times
 every variant through the interpreter instead (slow, and those times only show that the harness works).
 """
 
@@ -60,6 +59,7 @@ from benchmarks.graphs.measure import (
 from benchmarks.graphs.memory import Sizes, inputs_bytes, memory_table, predicted_oom
 from benchmarks.graphs.quick import PYG_TIMED_CALLS, QUICK_GRAPHS, one_thread_on_cpu, run_quick
 from benchmarks.graphs.report import MODES, NOT_PERFORMANCE, markdown, write_outputs
+from benchmarks.graphs.usage import epilog
 from benchmarks.graphs.variants import (
     COMPILED_VARIANTS,
     CUDA_ONLY_VARIANTS,
@@ -83,7 +83,10 @@ CHILD_TIMEOUT_S = 900.0  # one variant of one graph in its own process (--isolat
 def parse_args(argv: list[str] | None, on_gpu: bool) -> argparse.Namespace:
     defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.graphs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m benchmarks.graphs",
+        description=__doc__,
+        epilog=epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     which = parser.add_mutually_exclusive_group()
     which.add_argument(
@@ -247,7 +250,7 @@ def run_metadata(device: torch.device, settings: Settings, bandwidth: float | No
         "device": (
             torch.cuda.get_device_name(device)
             if on_gpu
-            else f"CPU, {torch.get_num_threads()} threads, Triton interpreter"
+            else f"CPU, {torch.get_num_threads()} thread(s), Triton interpreter"
         ),
         "performance_figures": on_gpu,
         "triton_interpreter": not on_gpu,

@@ -2,8 +2,13 @@
 summary it prints, which the README shows too."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
+import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +17,8 @@ from benchmarks.graphs import quick, run
 from benchmarks.graphs.catalog import GRAPH_SPECS
 from benchmarks.graphs.quick import committed_gpu_header, committed_gpu_summary
 from tests.benchmarks.test_harness import NUM_DST, NUM_SRC, smoke_graph
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_quick_mode_checks_the_fused_op_and_times_pyg(tmp_path, monkeypatch, capsys):
@@ -34,6 +41,9 @@ def test_quick_mode_checks_the_fused_op_and_times_pyg(tmp_path, monkeypatch, cap
     assert "smoke: fused forward+backward (through the Triton interpreter) against PyG: done in" in printed
     assert committed_gpu_header() + "\n" + committed_gpu_summary() in printed
     assert not (tmp_path / "results.png").exists()
+    # Before the checks, what they will cost; at the end, one verdict line.
+    assert printed.index("Estimate: ") < printed.index("smoke: fused forward+backward")
+    assert printed.rstrip().splitlines()[-1].startswith("PASS: on 1 graphs") and results["verdict"]["pass"]
 
 
 @pytest.mark.parametrize("argv", [["--quick"], ["--no-quick"]])
@@ -82,3 +92,70 @@ def test_one_thread_on_the_cpu_then_the_callers_setting_back():
     with quick.one_thread_on_cpu(torch.device("cpu")):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == threads
+
+
+def accuracy_results(fused_fp32: dict | str, pyg_fp32: dict | str, dtype: str = "bfloat16") -> dict:
+    accuracy = {"fused vs pyg": {"out": 1e-2}, "fused vs pyg fp32": fused_fp32, "pyg vs pyg fp32": pyg_fp32}
+    return {"meta": {"dtype": dtype}, "graphs": [{"name": "g", "accuracy": accuracy}]}
+
+
+@pytest.mark.parametrize(
+    "fused, pyg, passes",
+    [
+        ({"out": 3e-3, "dq": 4e-3}, {"out": 5e-3, "dq": 1e-2}, True),  # closer to fp32 than PyG's own bf16 path
+        ({"out": 3e-3, "dq": 2e-2}, {"out": 5e-3, "dq": 1e-2}, False),  # one gradient farther
+        ({"out": 3e-3, "dq": float("nan")}, {"out": 5e-3, "dq": 1e-2}, False),  # a NaN is the worst
+        ("OOM", {"out": 5e-3}, False),  # no result is no pass
+    ],
+)
+def test_the_verdict_says_pass_or_fail_and_against_what(fused, pyg, passes):
+    verdict = quick.verdict(accuracy_results(fused, pyg))
+    assert verdict["pass"] is passes
+    assert verdict["line"].startswith("PASS: " if passes else "FAIL: ") and "\n" not in verdict["line"]
+    assert "than the PyG path in bfloat16 is" in verdict["line"]
+
+
+def test_the_verdict_in_float32_is_against_a_fixed_bound():
+    results = accuracy_results("–", "–", dtype="float32")
+    results["graphs"][0]["accuracy"] = {"fused vs pyg": {"out": 1e-6, "dq": 2e-6}}
+    assert quick.verdict(results)["pass"]
+    results["graphs"][0]["accuracy"] = {"fused vs pyg": {"out": 1e-6, "dq": 2 * quick.FLOAT32_TOLERANCE}}
+    assert not quick.verdict(results)["pass"]
+
+
+def test_a_gpu_sized_run_says_so_before_it_starts():
+    tiny = [graph_with(name) for name in quick.QUICK_GRAPHS]
+    assert "GPU-sized" not in quick.interpreter_estimate(tiny)
+    large = [graph_with("h_to_h_small", edges=81_900)]
+    text = quick.interpreter_estimate(large)
+    assert "about 20 minutes of one core" in text and "on a machine with an NVIDIA GPU" in text
+
+
+def graph_with(name: str, edges: int = 1_000) -> types.SimpleNamespace:
+    return types.SimpleNamespace(name=name, num_edges=edges)
+
+
+SKIP_CHANGES_NOTHING = """
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from benchmarks.graphs.accuracy import outputs_and_grads
+from benchmarks.graphs.interpreter import skip_repeated_language_patches
+from benchmarks.graphs.variants import make_inputs
+from tests.benchmarks.test_harness import smoke_graph
+inputs = make_inputs(smoke_graph(), 2, 16, torch.bfloat16, torch.device("cpu"), 1e-6)
+before = {name: outputs_and_grads(name, inputs) for name in ("fused", "fused_layer")}
+assert skip_repeated_language_patches()
+after = {name: outputs_and_grads(name, inputs) for name in ("fused", "fused_layer")}
+assert all(torch.equal(before[n][k], after[n][k]) for n in before for k in before[n]), "results differ"
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs only without CUDA here")
+def test_skipping_the_interpreters_repeated_patches_changes_no_result():
+    """In a process of its own: the skip stays installed in the process that installs it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-c", SKIP_CHANGES_NOTHING], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]

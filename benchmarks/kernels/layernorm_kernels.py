@@ -1,6 +1,6 @@
 """Fused LayerNorm against fused RMSNorm, kernel by kernel, on the graph benchmark's graphs (issue 12).
 
-    python -m benchmarks.layernorm_kernels [--graphs h_to_h h_to_era era_to_h dop_enc_large] [--dtype bfloat16]
+    python -m benchmarks.kernels.layernorm_kernels [--graphs h_to_h h_to_era era_to_h dop_enc_large] [--dtype bfloat16]
 
 For each graph (H = 16, C = 64): gtnorm.graph_transformer_attention with qk_norm="rms" (weights), "layer" with
 weights and biases (the graph benchmark's fused_layer) and "layer" with weights only (Anemoi's default,

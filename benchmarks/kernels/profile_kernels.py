@@ -4,7 +4,7 @@ read the attention kernels' hardware counters.
     ncu --profile-from-start off --clock-control none -k regex:"graph_attention|edge_softmax|edge_|rows_kernel" \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \\
         --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,sm__inst_executed.sum \\
-        python -m benchmarks.profile_kernels era_to_h h_to_h h_to_era dop_enc_large --norms rms layer off
+        python -m benchmarks.kernels.profile_kernels era_to_h h_to_h h_to_era dop_enc_large --norms rms layer off
 
 ``--edge-features D``: the fused edge projection (D raw attributes per edge) in place of e rows. Each graph and norm
 warms up (compiles) outside the profiled range. How benchmarks/NOTES.md's v4 and v25 counters were taken.
@@ -17,7 +17,7 @@ import argparse
 import torch
 
 from benchmarks.graphs.catalog import load_graph
-from benchmarks.kernel_sweep import AttentionProblem
+from benchmarks.kernels.kernel_sweep import AttentionProblem
 
 NORMS = {"rms": True, "layer": "layer", "off": False}
 

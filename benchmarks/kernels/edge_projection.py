@@ -1,6 +1,6 @@
 """The fused edge projection against Anemoi's lin_edge materialised before the kernels, in one run:
 
-    python -m benchmarks.edge_projection [--suite full|small|tiny] [--dtype bfloat16] [--out DIR]
+    python -m benchmarks.kernels.edge_projection [--suite full|small|tiny] [--dtype bfloat16] [--out DIR]
 
 Both variants (benchmarks/graphs/variants.py) take raw attributes [M, 11] (float32, requiring grad, as Anemoi's
 trainable edge parameters do) and lin_edge's float32 weight and bias, with LayerNorm on q and k (Anemoi's

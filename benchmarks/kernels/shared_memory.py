@@ -1,6 +1,6 @@
 """Shared memory, registers and spills of every attention kernel as Triton compiled it, per launch plan:
 
-    python -m benchmarks.shared_memory --out FILE.json [--quick]
+    python -m benchmarks.kernels.shared_memory --out FILE.json [--quick]
 
 For each head layout, raw-attribute count D and norm, runs one forward+backward (bf16, fused edge projection) under
 the default plan, under plans that force the node-block kernels' channel tile (16 .. 256) and under whole-row tiles

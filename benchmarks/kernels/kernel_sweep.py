@@ -1,6 +1,6 @@
 """Developer sweep: per-kernel times and register counts of the attention kernels under launch settings.
 
-    python -m benchmarks.kernel_sweep [--graphs era_to_h h_to_h ...] [--settings default bwd:h4 ...]
+    python -m benchmarks.kernels.kernel_sweep [--graphs era_to_h h_to_h ...] [--settings default bwd:h4 ...]
 
 For each graph (bf16, H=16, C=64, qk_norm with affine weights unless --no-qk-norm) and each setting, runs
 forward+backward under torch.profiler and prints the mean time of each kernel, its registers per thread and

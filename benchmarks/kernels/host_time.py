@@ -1,6 +1,6 @@
 """Developer probe: where the host time of one forward+backward call goes, and how fast this host launches.
 
-    python -m benchmarks.host_time [--graphs h_to_h_tiny h_to_h_small] [--profile] [--anemoi-fused-qk PATH]
+    python -m benchmarks.kernels.host_time [--graphs h_to_h_tiny h_to_h_small] [--profile] [--anemoi-fused-qk PATH]
 
 Per graph (bf16, H = 16, C = 64, RMSNorm with affine weights): wall time per call of a loop of calls with no
 sync inside (on a graph whose kernels take a few microseconds that is the host's time; CUDA-event GPU time

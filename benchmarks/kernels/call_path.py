@@ -1,6 +1,6 @@
 """The path around the kernels: layout builds and cache hits, host time per call, beside Anemoi's own path.
 
-    python -m benchmarks.call_path [--graphs h_to_h_small ...] [--heads 16 4] [--out DIR]
+    python -m benchmarks.kernels.call_path [--graphs h_to_h_small ...] [--heads 16 4] [--out DIR]
 
 Per graph (bf16, C = 64, RMSNorm on q and k with affine weights):
 - layout: GraphLayout.from_edge_index with and without the visiting-order search, a cache hit by identity and
