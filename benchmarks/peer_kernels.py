@@ -4,7 +4,7 @@ Anemoi's fused-QK-norm kernel (the ``feat/triton-gt-fused-qk-norm`` branch of ec
 released anemoi-models; a benchmark compares against it only when given its files:
 
     python -m benchmarks.kernels.host_time --anemoi-fused-qk ~/anemoi-core          # a checkout of that branch
-    python -m benchmarks.kernels.host_time --anemoi-fused-qk path/to/triton/gt.py   # or its gt.py beside norm.py, utils.py
+    python -m benchmarks.kernels.host_time --anemoi-fused-qk path/to/triton/gt.py   # or gt.py beside norm.py, utils.py
 
 Nothing is copied: the branch's ``gt.py``, ``norm.py`` and ``utils.py`` are imported from that folder. They import
 each other as ``anemoi.models.triton.*``, which names the installed anemoi-models' modules; while they load, those

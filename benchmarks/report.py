@@ -27,6 +27,7 @@ IN_BLOCK = RESULTS / "h200" / "anemoi"
 # The bare op on the other GPU kind, from its own run (its table sits in docs/performance.md).
 H100_GRAPHS = RESULTS / "h100" / "graphs"
 WHOLE_MODEL = RESULTS / "h200" / "model"
+WHOLE_MODEL_HIGH_RESOLUTION = RESULTS / "h200" / "model-o1280"  # each variant in its own process (memory binds)
 SEVERAL_GPUS = RESULTS / "h200x2" / "distributed"
 FIGURE = RESULTS / "h200" / "speedup.png"
 README = REPO / "README.md"
@@ -145,9 +146,12 @@ def several_gpus_table(folder: Path = SEVERAL_GPUS) -> str:
     return "\n".join(lines) + "\n"
 
 
-def model_table(folder: Path = WHOLE_MODEL) -> str:
-    """The whole model (anemoi-training's default config): each side's fastest compile mode, step and inference."""
-    return model_readme_table(_load(folder), f"{folder.relative_to(REPO).as_posix()}/")
+def model_table(folders: tuple[Path, ...] = (WHOLE_MODEL, WHOLE_MODEL_HIGH_RESOLUTION)) -> str:
+    """The whole model (anemoi-training's default config): each side's fastest compile mode, step and inference;
+    the rows of every folder's results, in order."""
+    loaded = [_load(folder) for folder in folders]
+    results = {"meta": loaded[0]["meta"], "rows": [row for result in loaded for row in result["rows"]]}
+    return model_readme_table(results, " and ".join(f"{folder.relative_to(REPO).as_posix()}/" for folder in folders))
 
 
 def sections() -> dict[str, str]:

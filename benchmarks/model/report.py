@@ -29,9 +29,9 @@ def _ok(row: dict, name: str, mode: str) -> dict:
 
 
 def _in_default_config(name: str) -> bool:
-    """Whether a variant runs the config and compile settings users have: checkpointing on (``nockpt`` trades
-    memory for time), torch's recompile limit (``limit64`` raises it)."""
-    return not {"nockpt", "limit64"} & set(name.split("/")[2:])
+    """Whether a variant runs the config as users have it: checkpointing on (``nockpt`` trades memory for time).
+    ``limit64`` (a user's compile setting, named in the table's cells) and ``efull`` keep the config."""
+    return "nockpt" not in name.split("/")[2:]
 
 
 def best(row: dict, side: str, mode: str) -> tuple[str, dict] | None:
@@ -132,8 +132,9 @@ def print_summary(results: dict) -> None:
 
 
 def _modes(row: dict, side: str) -> list[str]:
-    found = {name.split("/")[1] for name in row["variants"] if name.split("/")[0] == side}
-    return [mode for mode in ("default", "blocks", "whole") if mode in found]
+    found = [name.split("/", 1)[1] for name in row["variants"] if name.split("/")[0] == side]
+    order = ("default", "blocks", "whole")
+    return sorted(found, key=lambda mode: (order.index(mode.split("/")[0]) if mode.split("/")[0] in order else 9, mode))
 
 
 def _side_cell(row: dict, side: str, train: tuple | None, infer: tuple | None) -> str:
@@ -142,7 +143,7 @@ def _side_cell(row: dict, side: str, train: tuple | None, infer: tuple | None) -
         return failure(row, side) or "not run"
     step = row["variants"][train[0]]["train"]["ms"]
     inference = f"{row['variants'][infer[0]]['infer']['ms']:.1f}" if infer else "–"
-    return f"{step:.1f} / {inference} ({train[0].split('/')[1]} / {infer[0].split('/')[1] if infer else '–'})"
+    return f"{step:.1f} / {inference} ({train[0].split('/', 1)[1]} / {infer[0].split('/', 1)[1] if infer else '–'})"
 
 
 def _speedup_cell(row: dict, mode: str) -> str:
@@ -173,7 +174,8 @@ def _run_cell(row: dict, meta: dict) -> str:
 
 def readme_table(results: dict, source: str) -> str:
     """The README's table: per row each side's fastest measured mode (one rule for both: best), the speed-up with
-    its range over the rounds, peak memory, the modes measured and the run the row comes from."""
+    its range over the rounds, peak memory, the modes measured and the run the row comes from. ``results``' rows
+    may come from several runs of one setup (meta: the first's)."""
     meta = results["meta"]
     runs = [_run(row, meta) for row in results["rows"]]
     devices = " and ".join(dict.fromkeys(run["device"] for run in runs))
@@ -185,7 +187,9 @@ def readme_table(results: dict, source: str) -> str:
         f"checkpointed; 11 raw edge attributes of which 8 trainable), {meta['data']['num_variables']} variables, "
         f"batch 1, {meta['dtype']} autocast; medians over rounds; from {source}. Each side in the fastest of the "
         "compile modes the row measured for it (default: the default `compile:` list, which compiles nothing; "
-        "blocks: the side's block classes listed; whole: torch.compile of the model); a side that failed shows why. "
+        "blocks: the side's block classes listed; whole: torch.compile of the model; /limit64: torch.compile's "
+        "recompile limit raised from torch's default 8 to 64, which anemoi-training does not do); a side that failed "
+        "shows why. "
         "Speed-up: the medians' ratio, in brackets its range over the rounds. Peak: parameters, buffers, what the "
         "side keeps between steps and the step's allocations (* = a row recorded before what is kept was counted: "
         "gtnorm's layout caches left out). Training step / inference ms:",

@@ -231,13 +231,15 @@ def run_isolated(args, graph_name: str, norm: str, chunks: int, variant: str, sc
 
 
 def git_commit() -> str | None:
-    """The code's commit (GTNORM_COMMIT where the checkout has no .git, as on a machine it was copied to)."""
+    """The code's commit: GTNORM_COMMIT where set (a copy of the checkout on another machine may carry a stale
+    .git), else git's, marked where the working tree has changes."""
+    if os.environ.get("GTNORM_COMMIT"):
+        return os.environ["GTNORM_COMMIT"]
     found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    commit = found.stdout.strip() if found.returncode == 0 else os.environ.get("GTNORM_COMMIT")
-    if commit and found.returncode == 0:
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-        commit += "+changes" if dirty.stdout.strip() else ""
-    return commit
+    if found.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    return found.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
 def parse_args(argv):

@@ -1,6 +1,7 @@
 """The launch plan's shared-memory arithmetic (gtnorm/triton/config.py) against figures Triton recorded on an H100
-(tests/triton/data/shared_memory_h100.json, written by ``python -m benchmarks.kernels.shared_memory``), so that CI, which
-compiles nothing, catches a plan that would not fit; and the plan for every head layout up to H * C = 4096."""
+(tests/triton/data/shared_memory_h100.json, written by ``python -m benchmarks.kernels.shared_memory``), so that
+CI, which compiles nothing, catches a plan that would not fit; and the plan for every head layout up to
+H * C = 4096."""
 
 from __future__ import annotations
 
