@@ -20,6 +20,7 @@ NORM_NAMES = {"layer": "LayerNorm", "off": "off"}
 MODES = {"train": "training step", "infer": "inference"}
 TIMED_COLUMNS = (("ms", ".1f"), ("peak_mib", ".0f"))  # per mode, as the table's columns
 DEFAULT_MAPPER_CHUNKS = 4  # rows from before the chunk axis ran the config's
+DEFAULT_RECOMPILE_LIMIT = 8  # torch's; the first runs raised it to 64 on both sides (their rows say so)
 
 
 def _ok(row: dict, name: str, mode: str) -> dict:
@@ -169,7 +170,9 @@ def _run(row: dict, meta: dict) -> dict:
 def _run_cell(row: dict, meta: dict) -> str:
     run = _run(row, meta)
     device = (run.get("device") or "").replace("NVIDIA ", "")
-    return f"{(run.get('started') or '–').split()[0]}, {device}, {run.get('commit') or 'commit not recorded'}"
+    limit = run.get("recompile_limit")
+    limit = f", both sides' recompile limit {limit}" if limit and limit != DEFAULT_RECOMPILE_LIMIT else ""
+    return f"{(run.get('started') or '–').split()[0]}, {device}, {run.get('commit') or 'commit not recorded'}{limit}"
 
 
 def readme_table(results: dict, source: str) -> str:

@@ -277,10 +277,9 @@ def main(argv: list[str] | None = None) -> dict:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before gtnorm's kernels are first defined
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     variants = [Variant.parse(name) for name in args.variants]
-    if any("limit64" in v.options for v in variants):
-        if len(variants) > 1 and not args.isolate:
-            raise SystemExit("a limit64 variant sets the process's recompile limit: run it with --isolate")
-        torch._dynamo.config.recompile_limit = 64
+    limit64 = any("limit64" in v.options for v in variants)
+    if limit64 and len(variants) > 1 and not args.isolate:
+        raise SystemExit("a limit64 variant sets the process's recompile limit: run it with --isolate")
     data = TINY_DATA if args.tiny else DataSpec()
     base = ModelSpec(**TINY_MODEL) if args.tiny else ModelSpec()
     layers = args.layers or base.num_layers
@@ -291,6 +290,9 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"meta": run_environment(device, base) | meta | {"min_calls": args.min_calls}, "rows": []}
     # Every row says which run it came from: rows of several runs can share a results file.
     provenance = {key: results["meta"][key] for key in ("device", "started", "commit")}
+    provenance["recompile_limit"] = torch._dynamo.config.recompile_limit  # torch's: limit64 is its variant's own
+    if limit64 and not args.isolate:  # this process runs the limit64 variant (alone, or as an --isolate child)
+        torch._dynamo.config.recompile_limit = 64
     start = time.perf_counter()
     for graph_name in args.graphs:
         graph = build_model_graph(graph_name, verbose=True)

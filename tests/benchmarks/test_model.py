@@ -198,3 +198,15 @@ def test_tiny_benchmark_runs(tmp_path):
     assert row["variants"]["gtnorm/blocks"]["compiled_modules"] == len(BLOCKS)
     assert row["variants"]["gtnorm/blocks"]["output_rel_error"] < 1e-2  # fp16 autocast against Anemoi's PyG path
     assert (tmp_path / "results.md").is_file()
+    assert row["mapper_chunks"] == TINY.mapper_chunks and set(row["run"]) == {"device", "started", "commit",
+                                                                               "recompile_limit"}  # fmt: skip
+
+
+def test_isolated_variant_that_dies_is_a_row(tmp_path):
+    """--isolate: a child process that fails (here: a side that does not exist) gives the variant a status naming
+    the exception, and the run goes on."""
+    args = run.parse_args(["--tiny", "--rounds", "1", "--min-calls", "1", "--isolate"])
+    entry, output = run.run_isolated(args, "o2_r0", "off", 2, "nosuch/default", tmp_path)
+    assert output is None
+    assert entry["train"]["status"].startswith("crash (exit code 1): ValueError: side must be one of"), entry
+    assert entry["infer"]["status"] == entry["train"]["status"]

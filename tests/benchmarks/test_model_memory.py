@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("anemoi.models")
+from tests.requirements import ANEMOI_MODELS, require_module
+
+require_module("anemoi.models", ANEMOI_MODELS)
 
 from benchmarks.model.memory import BEFORE_STEP, GIB, NO_FRAME, allocation_site, peak_of_trace  # noqa: E402
 

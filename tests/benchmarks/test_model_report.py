@@ -1,0 +1,58 @@
+"""The README's whole-model table (benchmarks/model/report.py) on hand-made rows: one rule for both sides, the
+speed-up's range over rounds, failures as cells, each row's run."""
+
+from __future__ import annotations
+
+from tests.requirements import ANEMOI_MODELS, require_module
+
+require_module("anemoi.models", ANEMOI_MODELS)
+
+from benchmarks.model.report import best, readme_table  # noqa: E402
+
+RUN = {"device": "NVIDIA H200", "started": "2026-11-26 23:40 UTC", "commit": "abc1234", "recompile_limit": 8}
+
+
+def _timed(train_rounds, infer_rounds, peak):
+    median = lambda rounds: sorted(rounds)[len(rounds) // 2]
+    return {
+        "train": {"status": "ok", "ms": median(train_rounds), "ms_rounds": train_rounds, "peak_mib": peak},
+        "infer": {"status": "ok", "ms": median(infer_rounds), "ms_rounds": infer_rounds},
+        "persistent_mib": 10.0,
+    }
+
+
+def _results(rows):
+    meta = {"anemoi_models": "0.19.0", "torch": "2.11.0+cu130", "data": {"num_variables": 100}, "dtype": "fp16"}
+    return {"meta": meta, "rows": rows}
+
+
+def test_each_side_fastest_by_one_rule():
+    row = {"graph": "o1280_r7", "norm": "layer", "mapper_chunks": 16, "run": RUN, "variants": {
+        "anemoi/blocks": _timed([450.0, 460.0, 470.0], [140.0, 141.0, 142.0], 500.0),
+        "anemoi/blocks/limit64": _timed([320.0, 321.0, 322.0], [81.0, 82.0, 83.0], 500.0),
+        "anemoi/blocks/nockpt": _timed([100.0, 100.0, 100.0], [10.0, 10.0, 10.0], 900.0),
+        "gtnorm/blocks": _timed([300.0, 302.0, 304.0], [100.0, 101.0, 102.0], 400.0),
+        "gtnorm/blocks/nockpt": _timed([90.0, 90.0, 90.0], [9.0, 9.0, 9.0], 900.0),
+    }}  # fmt: skip
+    # nockpt trades the memory users chose for time: not picked, on either side; limit64 keeps the config.
+    assert best(row, "anemoi", "train")[0] == "anemoi/blocks/limit64"
+    assert best(row, "gtnorm", "train")[0] == "gtnorm/blocks"
+    line = readme_table(_results([row]), "here/").splitlines()[-1]
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    assert cells[:5] == ["O1280 → level 7", "16", "LayerNorm", "321.0 / 82.0 (blocks/limit64 / blocks/limit64)",
+                         "302.0 / 101.0 (blocks / blocks)"]  # fmt: skip
+    assert cells[5] == f"{321 / 302:.2f}× ({320 / 304:.2f}–{322 / 300:.2f})"
+    assert cells[7] == "500 → 400"
+    assert cells[9] == "2026-11-26, H200, abc1234"
+
+
+def test_a_side_that_failed_shows_why():
+    crash = "crash (exit code 1): torch.AcceleratorError: CUDA error: an illegal memory access was encountered"
+    row = {"graph": "o1280_r7", "norm": "layer", "mapper_chunks": 4, "run": RUN | {"recompile_limit": 64},
+           "variants": {"anemoi/blocks": {"train": {"status": crash}, "infer": {"status": crash}},
+                        "gtnorm/blocks": _timed([2845.0], [752.0], 100054.0)}}  # fmt: skip
+    table = readme_table(_results([row]), "here/")
+    assert "NVIDIA H200, run of 2026-11-26" in table.splitlines()[0]
+    cells = [cell.strip() for cell in table.splitlines()[-1].strip("|").split("|")]
+    assert cells[3] == f"{crash} (blocks)" and cells[5] == "–" and cells[7] == "– → 100,054"
+    assert cells[9].endswith("both sides' recompile limit 64")
