@@ -311,13 +311,7 @@ def benchmark_graph(
     inputs = make_inputs(graph, settings.heads, settings.channels, settings.dtype, device, settings.eps)
     floor_fwd, floor_fwd_bwd = hbm_floor_bytes(inputs.layout, inputs.query[0].numel() * inputs.query.element_size())
     result = {
-        "name": graph.name,
-        "kind": graph.kind,
-        "description": graph.description,
-        "num_src": graph.num_src,
-        "num_dst": graph.num_dst,
-        "num_edges": graph.num_edges,
-        "in_degree": {"min": lo, "mean": mean, "max": hi},
+        **graph_fields(graph),
         "inputs_mib": inputs.nbytes() / MIB,
         "floor": {
             "fwd_bytes": floor_fwd,
@@ -488,13 +482,10 @@ def measure_variant_in_child(
     return measured, graph
 
 
-def benchmark_graph_isolated(
-    graph, settings: Settings, bandwidth: float, tag: str, skips: dict, sizes: Sizes, out: Path
-) -> dict:
-    """benchmark_graph with every variant in a child process (measure_variant_in_child); the graph's floor comes
-    from the first child that measured (its layout), or from the row counts alone if none did."""
+def graph_fields(graph) -> dict:
+    """What a result records of the graph itself."""
     lo, mean, hi = graph.in_degree_stats()
-    result = {
+    return {
         "name": graph.name,
         "kind": graph.kind,
         "description": graph.description,
@@ -502,6 +493,16 @@ def benchmark_graph_isolated(
         "num_dst": graph.num_dst,
         "num_edges": graph.num_edges,
         "in_degree": {"min": lo, "mean": mean, "max": hi},
+    }
+
+
+def benchmark_graph_isolated(
+    graph, settings: Settings, bandwidth: float, tag: str, skips: dict, sizes: Sizes, out: Path
+) -> dict:
+    """benchmark_graph with every variant in a child process (measure_variant_in_child); the graph's floor comes
+    from the first child that measured (its layout), or from the row counts alone if none did."""
+    result = {
+        **graph_fields(graph),
         "inputs_mib": inputs_bytes(sizes) / MIB,
         "floor": None,
         "accuracy": None,  # the check's fp32 reference does not fit where variants need a process each
