@@ -5,7 +5,7 @@
 #                                                               mode, about 2 minutes on 2 cores with two busy
 #                                                               processes beside it)
 #   bash run.sh test  [args for pytest]                         the test suite (CPU: interpreter, small graphs;
-#                                                               about 40 minutes on 2 cores)
+#                                                               about 50 minutes on 2 cores)
 #   bash run.sh --help                                          this text; installs nothing
 #
 # The first run (about 2 minutes on a 2-core machine) creates the environment and installs into it: torch (CUDA
