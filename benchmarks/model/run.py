@@ -68,8 +68,13 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 # nockpt: the processor not checkpointed; efull: gtnorm's lin_edge materialised; limit64: torch.compile's recompile
-# limit raised from torch's default 8 to 64 (not what a default user has; one variant per process: --isolate).
-OPTIONS = ("nockpt", "efull", "limit64")
+# limit raised from torch's default 8 to 64 (not what a default user has; one variant per process: --isolate);
+# static: torch.compile keeps every size static (automatic_dynamic_shapes off, the limit raised to 64: one graph per
+# chunk size; --isolate too); mlpckpt: gtnorm's mapper blocks run their destinations' MLP in checkpointed parts of
+# MLP_CHUNK_ROWS rows.
+OPTIONS = ("nockpt", "efull", "limit64", "static", "mlpckpt")
+PROCESS_OPTIONS = ("limit64", "static")  # set for the whole process
+MLP_CHUNK_ROWS = 2**17
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,10 @@ class Case:
         finally:
             gtnorm_block.FUSE_EDGE_PROJECTION = fuse
         model.processor.gradient_checkpointing = "nockpt" not in variant.options
+        if "mlpckpt" in variant.options:
+            for block in model.modules():
+                if isinstance(block, gtnorm_block.GraphTransformerMapperBlock):
+                    block.node_mlp_chunk_rows = MLP_CHUNK_ROWS
         self.model = model.to(device)
         self.state_mib = state_mib(self.model)
         backend = "inductor" if device.type == "cuda" else "aot_eager"  # inductor on the CPU needs a C++ toolchain
@@ -277,9 +286,9 @@ def main(argv: list[str] | None = None) -> dict:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before gtnorm's kernels are first defined
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     variants = [Variant.parse(name) for name in args.variants]
-    limit64 = any("limit64" in v.options for v in variants)
-    if limit64 and len(variants) > 1 and not args.isolate:
-        raise SystemExit("a limit64 variant sets the process's recompile limit: run it with --isolate")
+    process_options = {option for v in variants for option in v.options if option in PROCESS_OPTIONS}
+    if process_options and len(variants) > 1 and not args.isolate:
+        raise SystemExit(f"{'/'.join(sorted(process_options))} set the process's compiler: run with --isolate")
     data = TINY_DATA if args.tiny else DataSpec()
     base = ModelSpec(**TINY_MODEL) if args.tiny else ModelSpec()
     layers = args.layers or base.num_layers
@@ -291,8 +300,9 @@ def main(argv: list[str] | None = None) -> dict:
     # Every row says which run it came from: rows of several runs can share a results file.
     provenance = {key: results["meta"][key] for key in ("device", "started", "commit")}
     provenance["recompile_limit"] = torch._dynamo.config.recompile_limit  # torch's: limit64 is its variant's own
-    if limit64 and not args.isolate:  # this process runs the limit64 variant (alone, or as an --isolate child)
+    if process_options and not args.isolate:  # this process runs the variant (alone, or as an --isolate child)
         torch._dynamo.config.recompile_limit = 64
+        torch._dynamo.config.automatic_dynamic_shapes = "static" not in process_options
     start = time.perf_counter()
     for graph_name in args.graphs:
         graph = build_model_graph(graph_name, verbose=True)
