@@ -8,6 +8,7 @@ numbers only show that the harness works.
 from __future__ import annotations
 
 import gc
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -80,11 +81,21 @@ def guarded(fn: Callable[[], T]) -> tuple[T | None, str]:
         return fn(), "ok"
     except Exception as exc:  # noqa: BLE001 - any failure is a result to report
         if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower():
-            return None, "OOM"
+            return None, oom_status(str(exc))
         message = (str(exc).strip().splitlines() or [""])[0][:200]
         if any(marker in str(exc).lower() for marker in CRASH_MARKERS):
             return None, f"crash: {type(exc).__name__}: {message}"
         return None, f"error: {type(exc).__name__}: {message}"
+
+
+def oom_status(message: str) -> str:
+    """ "OOM", with what the allocator said where it said it: the request and what torch held at the time
+    ("OOM: 12.6 GiB asked, 70.1 GiB allocated")."""
+    asked = re.search(r"Tried to allocate ([\d.]+ [KMG]iB)", message)
+    held = re.search(r"([\d.]+ [KMG]iB) is allocated by PyTorch", message)
+    if asked is None or held is None:
+        return "OOM"
+    return f"OOM: {asked.group(1)} asked, {held.group(1)} allocated"
 
 
 def free_memory() -> None:

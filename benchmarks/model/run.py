@@ -61,6 +61,7 @@ from benchmarks.model.config import DataSpec, ModelSpec
 from benchmarks.model.graph import MODEL_GRAPHS, build_model_graph
 from benchmarks.model.report import print_summary, write_outputs
 from gtnorm.anemoi import block as gtnorm_block
+from gtnorm.triton import config as gtnorm_triton_config
 
 DEFAULT_VARIANTS = ("anemoi/default", "anemoi/blocks", "gtnorm/default", "gtnorm/blocks", "gtnorm_config/blocks")
 NORMS = ("layer", "off")  # the QK norm when on (Anemoi's AutocastLayerNorm) and the default, off
@@ -71,9 +72,10 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # limit raised from torch's default 8 to 64 (not what a default user has; one variant per process: --isolate);
 # static: torch.compile keeps every size static (automatic_dynamic_shapes off, the limit raised to 64: one graph per
 # chunk size; --isolate too); mlpckpt: gtnorm's mapper blocks run their destinations' MLP in checkpointed parts of
-# MLP_CHUNK_ROWS rows.
-OPTIONS = ("nockpt", "efull", "limit64", "static", "mlpckpt")
-PROCESS_OPTIONS = ("limit64", "static")  # set for the whole process
+# MLP_CHUNK_ROWS rows; efused: gtnorm's lin_edge fused into the kernels on every graph of 200k edges or more (the
+# decoder's too, which config.edge_projection_pays materialises).
+OPTIONS = ("nockpt", "efull", "limit64", "static", "mlpckpt", "efused")
+PROCESS_OPTIONS = ("limit64", "static", "efused")  # set for the whole process
 MLP_CHUNK_ROWS = 2**17
 
 
@@ -300,9 +302,13 @@ def main(argv: list[str] | None = None) -> dict:
     # Every row says which run it came from: rows of several runs can share a results file.
     provenance = {key: results["meta"][key] for key in ("device", "started", "commit")}
     provenance["recompile_limit"] = torch._dynamo.config.recompile_limit  # torch's: limit64 is its variant's own
-    if process_options and not args.isolate:  # this process runs the variant (alone, or as an --isolate child)
-        torch._dynamo.config.recompile_limit = 64
-        torch._dynamo.config.automatic_dynamic_shapes = "static" not in process_options
+    if not args.isolate:  # this process runs the variant (alone, or as an --isolate child)
+        if process_options & {"limit64", "static"}:
+            torch._dynamo.config.recompile_limit = 64
+        if "static" in process_options:
+            torch._dynamo.config.automatic_dynamic_shapes = False
+        if "efused" in process_options:
+            gtnorm_triton_config._PROJECTION_MIN_DEGREE = 0.0
     start = time.perf_counter()
     for graph_name in args.graphs:
         graph = build_model_graph(graph_name, verbose=True)
