@@ -124,8 +124,19 @@ def write_outputs(results: dict, out_dir: Path) -> None:
     write_result_files(results, out_dir, markdown(results))
 
 
+def _measured_text(entry: dict) -> str:
+    """'X ms, Y MiB' of one variant in one mode, or its status."""
+    if not entry.get("ms"):
+        return entry.get("status", "not measured")
+    peak = f", {entry['peak_mib']:,.0f} MiB" if entry.get("peak_mib") else ""
+    return f"{entry['ms']:.1f} ms{peak}"
+
+
 def print_summary(results: dict) -> None:
     for row in results["rows"]:
+        for name, entry in row["variants"].items():
+            print(f"{row['graph']} {row['norm']} {row['mapper_chunks']} chunks {name}: "
+                  f"step {_measured_text(entry['train'])}; inference {_measured_text(entry['infer'])}")  # fmt: skip
         for mode, mode_name in MODES.items():
             found = best_vs_best(row, mode)
             text = "not measured" if found is None else f"{found[0]:.2f}x ({found[2]} vs {found[1]})"

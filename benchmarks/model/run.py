@@ -328,6 +328,8 @@ def main(argv: list[str] | None = None) -> dict:
                             row["variants"][variant] = entry
                             if out is not None:
                                 outputs[variant] = out.float()
+                            # After every variant: a run stopped part way keeps what was measured.
+                            write_outputs(results | {"rows": [*results["rows"], row]}, args.out)
                 else:
                     # A new training process's compiler state: no earlier row's compilations count towards its
                     # limits (which stay torch's defaults, as anemoi-training leaves them).
