@@ -76,7 +76,7 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # decoder's too, which config.edge_projection_pays materialises).
 OPTIONS = ("nockpt", "efull", "limit64", "static", "mlpckpt", "efused")
 PROCESS_OPTIONS = ("limit64", "static", "efused")  # set for the whole process
-MLP_CHUNK_ROWS = 2**17
+MLP_CHUNK_ROWS = 2**15
 
 
 @dataclass(frozen=True)
