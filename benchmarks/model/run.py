@@ -61,6 +61,7 @@ from benchmarks.model.config import DataSpec, ModelSpec
 from benchmarks.model.graph import MODEL_GRAPHS, build_model_graph
 from benchmarks.model.report import print_summary, write_outputs
 from gtnorm.anemoi import block as gtnorm_block
+from gtnorm.anemoi import mapper as gtnorm_mapper
 from gtnorm.triton import config as gtnorm_triton_config
 
 DEFAULT_VARIANTS = ("anemoi/default", "anemoi/blocks", "gtnorm/default", "gtnorm/blocks", "gtnorm_config/blocks")
@@ -71,12 +72,12 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # nockpt: the processor not checkpointed; efull: gtnorm's lin_edge materialised; limit64: torch.compile's recompile
 # limit raised from torch's default 8 to 64 (not what a default user has; one variant per process: --isolate);
 # static: torch.compile keeps every size static (automatic_dynamic_shapes off, the limit raised to 64: one graph per
-# chunk size; --isolate too); mlpckpt: gtnorm's mapper blocks run their destinations' MLP in checkpointed parts of
-# MLP_CHUNK_ROWS rows; efused: gtnorm's lin_edge fused into the kernels on every graph of 200k edges or more (the
-# decoder's too, which config.edge_projection_pays materialises).
+# chunk size; --isolate too); mlpckpt: gtnorm's mappers run the row-wise work on their destinations in checkpointed
+# parts of NODE_CHUNK_ROWS rows (their node_chunk_rows); efused: gtnorm's lin_edge fused into the kernels on every
+# graph of 200k edges or more (the decoder's too, which config.edge_projection_pays materialises).
 OPTIONS = ("nockpt", "efull", "limit64", "static", "mlpckpt", "efused")
 PROCESS_OPTIONS = ("limit64", "static", "efused")  # set for the whole process
-MLP_CHUNK_ROWS = 2**15
+NODE_CHUNK_ROWS = 2**17
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,9 @@ class Case:
             gtnorm_block.FUSE_EDGE_PROJECTION = fuse
         model.processor.gradient_checkpointing = "nockpt" not in variant.options
         if "mlpckpt" in variant.options:
-            for block in model.modules():
-                if isinstance(block, gtnorm_block.GraphTransformerMapperBlock):
-                    block.node_mlp_chunk_rows = MLP_CHUNK_ROWS
+            for mapper in model.modules():
+                if isinstance(mapper, gtnorm_mapper._NodeChunkRows):
+                    mapper.node_chunk_rows = NODE_CHUNK_ROWS
         self.model = model.to(device)
         self.state_mib = state_mib(self.model)
         backend = "inductor" if device.type == "cuda" else "aot_eager"  # inductor on the CPU needs a C++ toolchain

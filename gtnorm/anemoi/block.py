@@ -13,12 +13,11 @@ block) is Anemoi's code, unchanged.
 
 from __future__ import annotations
 
-import torch
 from anemoi.models.layers import block as anemoi_block
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from gtnorm.anemoi.conv import FusedGraphTransformerConv
+from gtnorm.anemoi.row_parts import in_checkpointed_parts
 
 # Anemoi's graph_attention_backend -> GraphTransformerConv's backend. "triton" runs gtnorm's kernels wherever
 # they can run (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1) and the PyG path elsewhere, as
@@ -115,30 +114,17 @@ class GraphTransformerProcessorBlock(_FusedAttention, anemoi_block.GraphTransfor
 class GraphTransformerMapperBlock(_FusedAttention, anemoi_block.GraphTransformerMapperBlock):
     """Anemoi's mapper block (same arguments, same state_dict) with gtnorm's fused attention + QK norm.
 
-    ``node_mlp_chunk_rows``: when gradients are taken, the destinations' MLP (LayerNorm, Linear, GELU, Linear) runs
-    in parts of at most this many rows, each checkpointed (it keeps its input only and runs again in the backward).
-    A decoder chunk at O1280 is 1.65M grid nodes: their MLP's 4096-wide activations are what its step peaks on
-    (benchmarks/NOTES.md, v27). None (the default): one call, as Anemoi's block makes it.
+    ``node_chunk_rows``: when gradients are taken, the destinations' MLP (LayerNorm, Linear, GELU, Linear) runs in
+    checkpointed parts of at most this many rows (gtnorm/anemoi/row_parts.py); None (the default): in one call, as
+    Anemoi's block makes it. Set by gtnorm's mappers (their ``node_chunk_rows``).
     """
 
-    node_mlp_chunk_rows: int | None = None
+    node_chunk_rows: int | None = None
 
     def run_node_dst_mlp(self, x: Tensor, **layer_kwargs) -> Tensor:  # x: [N_dst, C]
-        rows = self.node_mlp_chunk_rows
-        if rows is None or not torch.is_grad_enabled() or x.shape[0] <= rows:
+        if layer_kwargs.keys() - {"cond"}:  # none in anemoi-models 0.19: cond alone is split with the rows
             return super().run_node_dst_mlp(x, **layer_kwargs)
-        cond = layer_kwargs.pop("cond", None)  # [N_dst, C_cond]: split with the rows it conditions
-        conds = cond.split(rows) if cond is not None else (None,) * len(x.split(rows))
-        parts = [
-            checkpoint(self._node_dst_mlp_part, part, part_cond, use_reentrant=False, **layer_kwargs)
-            for part, part_cond in zip(x.split(rows), conds, strict=True)
-        ]
-        return torch.cat(parts)
-
-    def _node_dst_mlp_part(self, x: Tensor, cond: Tensor | None, **layer_kwargs) -> Tensor:
-        if cond is not None:
-            layer_kwargs["cond"] = cond
-        return super().run_node_dst_mlp(x, **layer_kwargs)
+        return in_checkpointed_parts(super().run_node_dst_mlp, x, self.node_chunk_rows, layer_kwargs.get("cond"))
 
 
 _GTNORM_BLOCKS = {

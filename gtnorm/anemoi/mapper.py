@@ -32,7 +32,8 @@ from anemoi.models.distributed.utils import model_is_distributed
 from anemoi.models.layers import mapper as anemoi_mapper
 from torch import Tensor
 
-from gtnorm.anemoi.block import convert_blocks
+from gtnorm.anemoi.block import GraphTransformerMapperBlock, convert_blocks
+from gtnorm.anemoi.row_parts import in_checkpointed_parts
 from gtnorm.triton.layout_cache import cached_graph_value
 
 
@@ -161,26 +162,58 @@ class _CachedChunks:
         return super().run_processor_chunk(chunk_partition, *args, **kwargs)
 
 
-class GraphTransformerForwardMapper(_CachedChunks, anemoi_mapper.GraphTransformerForwardMapper):
+class _NodeChunkRows:
+    """``node_chunk_rows`` of gtnorm's mappers (mixed in before Anemoi's): when gradients are taken, the row-wise
+    work on each chunk's destinations (the blocks' MLP; the decoder's output head too) runs in checkpointed parts
+    of at most this many rows (gtnorm/anemoi/row_parts.py). None (the default): Anemoi's one call per chunk.
+    At O1280 with the yaml's 4 chunks a decoder chunk is 1.65M grid nodes, whose MLP activations are what the step
+    peaks on (benchmarks/NOTES.md, v27-v28)."""
+
+    _node_chunk_rows: int | None = None
+
+    @property
+    def node_chunk_rows(self) -> int | None:
+        return self._node_chunk_rows
+
+    @node_chunk_rows.setter
+    def node_chunk_rows(self, rows: int | None) -> None:
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+            raise ValueError(f"node_chunk_rows must be a positive int or None, got {rows!r}")
+        self._node_chunk_rows = rows
+        for block in self.modules():
+            if isinstance(block, GraphTransformerMapperBlock):
+                block.node_chunk_rows = rows
+
+
+class GraphTransformerForwardMapper(_NodeChunkRows, _CachedChunks, anemoi_mapper.GraphTransformerForwardMapper):
     """A drop-in for ``anemoi.models.layers.mapper.GraphTransformerForwardMapper`` (the encoder, data -> hidden):
     the same keyword arguments, state_dict keys and forward, with gtnorm's fused attention + QK norm. In a model
-    config: ``_target_: gtnorm.anemoi.GraphTransformerForwardMapper``.
+    config: ``_target_: gtnorm.anemoi.GraphTransformerForwardMapper``; ``node_chunk_rows``: see _NodeChunkRows.
     """
 
-    def __init__(self, *, graph_attention_backend: str = "triton", **kwargs) -> None:
+    def __init__(
+        self, *, graph_attention_backend: str = "triton", node_chunk_rows: int | None = None, **kwargs
+    ) -> None:
         super().__init__(graph_attention_backend=graph_attention_backend, **kwargs)
         convert_blocks(self, graph_attention_backend)
+        self.node_chunk_rows = node_chunk_rows
 
 
-class GraphTransformerBackwardMapper(_CachedChunks, anemoi_mapper.GraphTransformerBackwardMapper):
+class GraphTransformerBackwardMapper(_NodeChunkRows, _CachedChunks, anemoi_mapper.GraphTransformerBackwardMapper):
     """A drop-in for ``anemoi.models.layers.mapper.GraphTransformerBackwardMapper`` (the decoder, hidden -> data):
     the same keyword arguments, state_dict keys and forward, with gtnorm's fused attention + QK norm. In a model
-    config: ``_target_: gtnorm.anemoi.GraphTransformerBackwardMapper``.
+    config: ``_target_: gtnorm.anemoi.GraphTransformerBackwardMapper``; ``node_chunk_rows``: see _NodeChunkRows.
     """
 
-    def __init__(self, *, graph_attention_backend: str = "triton", **kwargs) -> None:
+    def __init__(
+        self, *, graph_attention_backend: str = "triton", node_chunk_rows: int | None = None, **kwargs
+    ) -> None:
         super().__init__(graph_attention_backend=graph_attention_backend, **kwargs)
         convert_blocks(self, graph_attention_backend)
+        self.node_chunk_rows = node_chunk_rows
+
+    def post_process(self, x_dst: Tensor) -> Tensor:  # [N_dst_chunk, C] -> [N_dst_chunk, C_out]
+        return in_checkpointed_parts(super().post_process, x_dst, self.node_chunk_rows)
 
     def mapper_forward_with_edge_sharding(
         self, x, batch_size, shard_info, edge_attr, edge_index, model_comm_group=None, *args, **kwargs

@@ -18,17 +18,7 @@ from anemoi.models.layers import block as anemoi_block  # noqa: E402
 
 import gtnorm.anemoi  # noqa: E402
 from gtnorm.anemoi import block as gtnorm_block  # noqa: E402
-from tests.anemoi.setups import (  # noqa: E402
-    EDGE_DIM,
-    ZERO_GRADIENT,
-    Case,
-    assert_steps_match,
-    build_pair,
-    forward,
-    make_inputs,
-    rel_error,
-    training_step,
-)
+from tests.anemoi.setups import EDGE_DIM, ZERO_GRADIENT, Case, build_pair, forward, make_inputs, rel_error  # noqa: E402
 from tests.anemoi.test_modules import TOL  # noqa: E402
 from tests.conftest import DEVICE  # noqa: E402
 from tests.graphs import ROWS_PAST_INT32_AT_1024, Selection, last_and_random, ring_with_tail  # noqa: E402
@@ -236,62 +226,3 @@ def test_mapper_block_past_int32_elements(size, fused, monkeypatch):
             continue
         bound = BLOCK_SLACK * rel_error(same_dtype[name], e) + 1e-3
         assert rel_error(actual[name], e) <= bound, f"{name}: {rel_error(actual[name], e):.2e} > {bound:.2e}"
-
-
-def _record_mlp_rows(module) -> list[int]:
-    """The rows of every call of the mapper blocks' destination MLPs, appended as they run."""
-    rows = []
-    for block in gtnorm_blocks(module):
-        block.node_dst_mlp.register_forward_hook(lambda _, args, __: rows.append(args[0].shape[0]))
-    return rows
-
-
-def test_node_mlp_in_checkpointed_parts(device):
-    """node_mlp_chunk_rows: the decoder's destination MLP runs in parts of at most that many rows when gradients
-    are taken, in one call at inference, and the step's output and every gradient stay those of the MLP in one
-    call. The MLP runs no more often than in one call: the mapper's checkpoint recomputes its chunk up to the
-    parts' inputs only (torch's non-reentrant checkpoints stop early), then each part runs again in its backward."""
-    case = Case("decoder", norm="layer", num_chunks=2)
-    _, whole = build_pair(case, "triton", device)
-    _, in_parts = build_pair(case, "triton", device)
-    inputs = make_inputs(case, device)
-    whole_rows, part_rows = _record_mlp_rows(whole), _record_mlp_rows(in_parts)
-    expected = training_step(whole, case, inputs)
-    for block in gtnorm_blocks(in_parts):
-        block.node_mlp_chunk_rows = 5
-    assert_steps_match(training_step(in_parts, case, inputs), expected, 1e-6)
-    chunk_rows = case.batch * 16 // case.num_chunks  # the decoder's 16 destinations per copy, in 2 chunks
-    assert whole_rows == [chunk_rows] * 2 * case.num_chunks  # forward and recomputation, chunk by chunk
-    assert max(part_rows) == 5 and sum(part_rows) == sum(whole_rows)
-    part_rows.clear()
-    with torch.no_grad():
-        forward(in_parts, case, inputs)
-    assert part_rows == [chunk_rows] * case.num_chunks
-
-
-def test_node_mlp_parts_compile_into_the_block(device):
-    """The parts inside the mapper block compiled through Anemoi's compile config (anemoi-training's path):
-    no graph break, the step matches the eager MLP in one call."""
-    from anemoi.models.utils.compile import mark_for_compilation
-    from omegaconf import OmegaConf
-    from torch._dynamo.utils import counters
-
-    case = Case("decoder", norm="layer", num_chunks=2)
-    _, whole = build_pair(case, "triton", device)
-    _, in_parts = build_pair(case, "triton", device)
-    inputs = make_inputs(case, device)
-    expected = training_step(whole, case, inputs)
-    for block in gtnorm_blocks(in_parts):
-        block.node_mlp_chunk_rows = 5
-    torch._dynamo.reset()
-    counters.clear()
-    backend = "inductor" if device.type == "cuda" else "aot_eager"
-    options = {"backend": backend, "fullgraph": True}
-    mark_for_compilation(
-        in_parts, OmegaConf.create([{"module": "gtnorm.anemoi.GraphTransformerMapperBlock", "options": options}])
-    )
-    try:
-        assert_steps_match(training_step(in_parts, case, inputs), expected, 1e-5)
-        assert dict(counters["graph_break"]) == {}
-    finally:
-        torch._dynamo.reset()

@@ -1,0 +1,94 @@
+"""gtnorm's mappers with node_chunk_rows (gtnorm/anemoi/row_parts.py): the row-wise work on a chunk's destinations
+(the blocks' MLP, the decoder's output head) in checkpointed parts when gradients are taken, the same results."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.requirements import ANEMOI_MODELS, require_module
+
+require_module("anemoi.models", ANEMOI_MODELS)
+
+import torch  # noqa: E402
+from anemoi.models.utils.compile import mark_for_compilation  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
+
+import gtnorm.anemoi  # noqa: E402
+from tests.anemoi.setups import Case, assert_steps_match, build_pair, forward, make_inputs, training_step  # noqa: E402
+
+PART_ROWS = 5
+# The decoder's 16 destinations per copy of its graph (setups.GRAPH_SIZES), 2 copies, in 2 chunks.
+CASE = Case("decoder", norm="layer", num_chunks=2)
+CHUNK_ROWS = CASE.batch * 16 // CASE.num_chunks
+
+
+def _record_rows(decoder) -> dict[str, list[int]]:
+    """The rows of every call of the decoder's block MLP and of its output head, appended as they run."""
+    rows = {"mlp": [], "head": []}
+    for block in decoder.modules():
+        if isinstance(block, gtnorm.anemoi.GraphTransformerMapperBlock):
+            block.node_dst_mlp.register_forward_hook(lambda _, args, __: rows["mlp"].append(args[0].shape[0]))
+    # Its LayerNorm: the chunk's recomputation stops after it (the Linear's saved input is the norm's output).
+    decoder.node_data_extractor[0].register_forward_hook(lambda _, args, __: rows["head"].append(args[0].shape[0]))
+    return rows
+
+
+def test_parts_keep_the_step_and_the_mlp_runs_no_more_often(device):
+    """The step's output and every gradient are those of one call per chunk; each part has at most
+    node_chunk_rows rows. In eager mode the MLP runs no more often than in one call per chunk (forward and the
+    chunk's recomputation, which stops early: torch's non-reentrant checkpoints); the output head (a LayerNorm and
+    a 1024 -> 100 Linear) may run parts once more. At inference, one call per chunk."""
+    _, whole = build_pair(CASE, "triton", device)
+    _, in_parts = build_pair(CASE, "triton", device)
+    inputs = make_inputs(CASE, device)
+    whole_rows, part_rows = _record_rows(whole), _record_rows(in_parts)
+    expected = training_step(whole, CASE, inputs)
+    in_parts.node_chunk_rows = PART_ROWS
+    assert_steps_match(training_step(in_parts, CASE, inputs), expected, 1e-6)
+    for work in ("mlp", "head"):
+        assert whole_rows[work] == [CHUNK_ROWS] * 2 * CASE.num_chunks  # forward and recomputation, chunk by chunk
+        assert max(part_rows[work]) == PART_ROWS, work
+    assert sum(part_rows["mlp"]) == sum(whole_rows["mlp"])
+    for rows in part_rows.values():
+        rows.clear()
+    with torch.no_grad():
+        forward(in_parts, CASE, inputs)
+    assert part_rows == {"mlp": [CHUNK_ROWS] * CASE.num_chunks, "head": [CHUNK_ROWS] * CASE.num_chunks}
+
+
+def test_parts_compile_into_the_block(device):
+    """Parts inside the mapper block compiled through Anemoi's compile config (anemoi-training's path), with
+    fullgraph=True: no graph break, the step matches the eager one without parts."""
+    _, whole = build_pair(CASE, "triton", device)
+    _, in_parts = build_pair(
+        CASE,
+        "triton",
+        device,
+    )
+    inputs = make_inputs(CASE, device)
+    expected = training_step(whole, CASE, inputs)
+    in_parts.node_chunk_rows = PART_ROWS
+    torch._dynamo.reset()
+    counters.clear()
+    options = {"backend": "inductor" if device.type == "cuda" else "aot_eager", "fullgraph": True}
+    entry = {"module": "gtnorm.anemoi.GraphTransformerMapperBlock", "options": options}
+    mark_for_compilation(in_parts, OmegaConf.create([entry]))
+    try:
+        assert_steps_match(training_step(in_parts, CASE, inputs), expected, 1e-5)
+        assert dict(counters["graph_break"]) == {}
+    finally:
+        torch._dynamo.reset()
+
+
+def test_set_through_the_config_and_checked():
+    """node_chunk_rows as a mapper's config key reaches its blocks; anything but a positive int or None is
+    refused with a clear error."""
+    decoder = gtnorm.anemoi.GraphTransformerBackwardMapper(**CASE.arguments("triton"), node_chunk_rows=7)
+    blocks = [m for m in decoder.modules() if isinstance(m, gtnorm.anemoi.GraphTransformerMapperBlock)]
+    assert blocks and all(block.node_chunk_rows == 7 for block in blocks)
+    for bad in (0, -3, 2.5, True, "131072"):
+        with pytest.raises(ValueError, match="node_chunk_rows must be a positive int or None"):
+            decoder.node_chunk_rows = bad
+    decoder.node_chunk_rows = None
+    assert all(block.node_chunk_rows is None for block in blocks)
