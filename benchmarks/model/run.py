@@ -80,6 +80,16 @@ PROCESS_OPTIONS = ("limit64", "static", "efused")  # set for the whole process
 NODE_CHUNK_ROWS = 2**17
 
 
+def apply_process_options(options: set[str]) -> None:
+    """The PROCESS_OPTIONS given, set for this process (which then runs the variant that names them)."""
+    if options & {"limit64", "static"}:
+        torch._dynamo.config.recompile_limit = 64
+    if "static" in options:
+        torch._dynamo.config.automatic_dynamic_shapes = False
+    if "efused" in options:
+        gtnorm_triton_config._PROJECTION_MIN_DEGREE = 0.0
+
+
 @dataclass(frozen=True)
 class Variant:
     side: str
@@ -304,12 +314,7 @@ def main(argv: list[str] | None = None) -> dict:
     provenance = {key: results["meta"][key] for key in ("device", "started", "commit")}
     provenance["recompile_limit"] = torch._dynamo.config.recompile_limit  # torch's: limit64 is its variant's own
     if not args.isolate:  # this process runs the variant (alone, or as an --isolate child)
-        if process_options & {"limit64", "static"}:
-            torch._dynamo.config.recompile_limit = 64
-        if "static" in process_options:
-            torch._dynamo.config.automatic_dynamic_shapes = False
-        if "efused" in process_options:
-            gtnorm_triton_config._PROJECTION_MIN_DEGREE = 0.0
+        apply_process_options(process_options)
     start = time.perf_counter()
     for graph_name in args.graphs:
         graph = build_model_graph(graph_name, verbose=True)

@@ -210,3 +210,25 @@ def test_isolated_variant_that_dies_is_a_row(tmp_path):
     assert output is None
     assert entry["train"]["status"].startswith("crash (exit code 1): ValueError: side must be one of"), entry
     assert entry["infer"]["status"] == entry["train"]["status"]
+
+
+def test_variant_options(graph, monkeypatch):
+    """mlpckpt sets gtnorm's mappers' node_chunk_rows; the process options (limit64, static, efused) set what they
+    name and need a process of their own; unknown options are refused."""
+    from gtnorm.anemoi.mapper import _NodeChunkRows
+    from gtnorm.triton import config
+
+    case = run.Case(run.Variant.parse("gtnorm/default/mlpckpt"), TINY, run.TINY_DATA, graph, torch.float16,
+                    torch.device("cpu"))  # fmt: skip
+    mappers = [m for m in case.model.modules() if isinstance(m, _NodeChunkRows)]
+    assert len(mappers) == 2 and all(m.node_chunk_rows == run.NODE_CHUNK_ROWS for m in mappers)
+    for name, value in (("recompile_limit", 8), ("automatic_dynamic_shapes", True)):
+        monkeypatch.setattr(torch._dynamo.config, name, value)
+    monkeypatch.setattr(config, "_PROJECTION_MIN_DEGREE", 6.0)
+    run.apply_process_options({"static", "efused"})
+    assert torch._dynamo.config.recompile_limit == 64 and torch._dynamo.config.automatic_dynamic_shapes is False
+    assert config._PROJECTION_MIN_DEGREE == 0.0
+    with pytest.raises(SystemExit, match="run with --isolate"):
+        run.main(["--tiny", "--variants", "gtnorm/blocks/static", "gtnorm/blocks"])
+    with pytest.raises(ValueError, match="unknown variant option"):
+        run.Variant.parse("gtnorm/blocks/fast")
