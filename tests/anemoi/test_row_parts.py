@@ -92,3 +92,13 @@ def test_set_through_the_config_and_checked():
             decoder.node_chunk_rows = bad
     decoder.node_chunk_rows = None
     assert all(block.node_chunk_rows is None for block in blocks)
+
+
+def test_converted_mapper_has_the_setting(device):
+    """A mapper converted by use_gtnorm_attention starts with node_chunk_rows None and takes it as a built one."""
+    anemoi_decoder, _ = build_pair(CASE, "triton", device)
+    converted = gtnorm.anemoi.use_gtnorm_attention(anemoi_decoder)
+    assert converted.node_chunk_rows is None
+    converted.node_chunk_rows = 4
+    blocks = [m for m in converted.modules() if isinstance(m, gtnorm.anemoi.GraphTransformerMapperBlock)]
+    assert blocks and all(block.node_chunk_rows == 4 for block in blocks)
