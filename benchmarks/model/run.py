@@ -180,8 +180,12 @@ def measure_variants(cases: list[Case], settings: TimingSettings, rounds: int) -
         device = case.device
         entry = {"compiled_modules": len(case.compiled), "state_mib": case.state_mib}
         before = _allocated_mib(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         first, status = guarded(lambda case=case: first_call_s(case.train, case.device))
         entry["first_step_s"] = first
+        if device.type == "cuda":  # compiling included: autotuning's copies, a recompiled graph's first run
+            entry["first_step_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
         if first is None:
             entry |= {"train": {"status": status}, "infer": {"status": status}}
             row[case.variant.name] = entry
