@@ -3,10 +3,11 @@
 A mapper chunk of the decoder at O1280 is 1.65M grid nodes (the yaml's 4 chunks); what its training step keeps for
 the backward is mostly the row-wise work on them: the block's MLP (LayerNorm, 4096-wide Linear, GELU, Linear) and
 the decoder's output head (LayerNorm, Linear). Run in checkpointed parts, that work keeps only each part's input;
-each part runs again in its own backward. Under the mapper's own checkpoint (Anemoi's, non-reentrant) that costs
-nothing in eager mode: the chunk's recomputation stops once the parts' inputs are made (torch's non-reentrant
-checkpoints stop early), so each part runs twice, as without parts. Compiled, the block's graph recomputes its
-parts in its backward: one more forward of the MLP. benchmarks/NOTES.md, v28.
+each part runs again in its own backward. Under the mapper's own checkpoint (Anemoi's, non-reentrant) the MLP's
+parts cost no extra forward in eager mode: the chunk's recomputation stops once the parts' inputs are made (torch's
+non-reentrant checkpoints stop early), so each part runs twice, as without parts (the output head, the chunk's
+last work, may run parts once more). Compiled, the block's graph recomputes its parts in its backward: one more
+forward of the MLP. benchmarks/NOTES.md, v28.
 """
 
 from __future__ import annotations
