@@ -222,11 +222,14 @@ def test_variant_options(graph, monkeypatch):
                     torch.device("cpu"))  # fmt: skip
     mappers = [m for m in case.model.modules() if isinstance(m, _NodeChunkRows)]
     assert len(mappers) == 2 and all(m.node_chunk_rows == run.NODE_CHUNK_ROWS for m in mappers)
-    for name, value in (("recompile_limit", 8), ("automatic_dynamic_shapes", True)):
-        monkeypatch.setattr(torch._dynamo.config, name, value)
     monkeypatch.setattr(config, "_PROJECTION_MIN_DEGREE", 6.0)
-    run.apply_process_options({"static", "efused"})
-    assert torch._dynamo.config.recompile_limit == 64 and torch._dynamo.config.automatic_dynamic_shapes is False
+    # dynamo's own patch restores its settings (monkeypatch deletes them on undo: a ConfigModule's entries are not
+    # attributes of the module object).
+    before = (torch._dynamo.config.recompile_limit, torch._dynamo.config.automatic_dynamic_shapes)
+    with torch._dynamo.config.patch(recompile_limit=8, automatic_dynamic_shapes=True):
+        run.apply_process_options({"static", "efused"})
+        assert torch._dynamo.config.recompile_limit == 64 and torch._dynamo.config.automatic_dynamic_shapes is False
+    assert (torch._dynamo.config.recompile_limit, torch._dynamo.config.automatic_dynamic_shapes) == before
     assert config._PROJECTION_MIN_DEGREE == 0.0
     with pytest.raises(SystemExit, match="run with --isolate"):
         run.main(["--tiny", "--variants", "gtnorm/blocks/static", "gtnorm/blocks"])
