@@ -23,7 +23,7 @@ import torch
 from benchmarks.graphs.measure import clear_grads
 from benchmarks.model.config import DataSpec, ModelSpec
 from benchmarks.model.graph import MODEL_GRAPHS, build_model_graph
-from benchmarks.model.run import DTYPES, PROCESS_OPTIONS, Case, Variant, apply_process_options
+from benchmarks.model.run import DTYPES, Case, Variant, apply_process_options
 
 GIB = 2**30
 # Frames from these paths name an allocation site; the innermost such frame wins.
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     spec = replace(ModelSpec(), qk_norm=args.norm == "layer", mapper_chunks=args.mapper_chunks)
     graph = build_model_graph(args.graph, verbose=True)
     variant = Variant.parse(args.variant)
-    apply_process_options(set(variant.options) & set(PROCESS_OPTIONS))
+    apply_process_options(variant.options)
     case = Case(variant, spec, DataSpec(), graph, DTYPES[args.dtype], torch.device("cuda"))
     result = {"graph": args.graph, "norm": args.norm, "mapper_chunks": args.mapper_chunks, "variant": args.variant}
     result |= {"device": torch.cuda.get_device_name(), "state_gib": case.state_mib / 1024} | step_peak(case)

@@ -80,8 +80,10 @@ PROCESS_OPTIONS = ("limit64", "static", "efused")  # set for the whole process
 NODE_CHUNK_ROWS = 2**17
 
 
-def apply_process_options(options: set[str]) -> None:
-    """The PROCESS_OPTIONS given, set for this process (which then runs the variant that names them)."""
+def apply_process_options(options) -> None:
+    """The PROCESS_OPTIONS among ``options``, set for this process (which then runs the variant that names them);
+    the others are the variant's own (Case)."""
+    options = set(options)
     if options & {"limit64", "static"}:
         torch._dynamo.config.recompile_limit = 64
     if "static" in options:
