@@ -2,7 +2,8 @@
 
     python -m benchmarks.model.memory --graph o1280_r7 --norm layer --mapper-chunks 4 --variant gtnorm/blocks
 
-One warm step is recorded by the CUDA caching allocator's history (``torch.cuda.memory._record_memory_history``,
+One warm step (or, with ``--first-step``, the first: compiling, autotuning and cache filling included) is
+recorded by the CUDA caching allocator's history (``torch.cuda.memory._record_memory_history``,
 Python stacks), then replayed: the moment allocated memory is highest, and every block alive at that moment
 grouped by the line of anemoi-models, gtnorm or torch that allocated it (the innermost frame of those packages;
 allocations made by autograd's engine, outside any Python frame, form a group of their own). What was allocated
@@ -27,7 +28,11 @@ from benchmarks.model.run import DTYPES, Case, Variant, apply_process_options
 
 GIB = 2**30
 # Frames from these paths name an allocation site; the innermost such frame wins.
-SITE_PACKAGES = ("anemoi/models/", "gtnorm/", "torch/nn/", "torch/utils/checkpoint", "torch/_tensor")
+# Compiled graphs allocate from inductor's generated modules (torchinductor_<user>/), autotuning from torch/_inductor.
+SITE_PACKAGES = (
+    "anemoi/models/", "gtnorm/", "torch/nn/", "torch/utils/checkpoint", "torch/_tensor", "torch/_inductor/",
+    "torchinductor_",
+)  # fmt: skip
 BEFORE_STEP = "allocated before the step (parameters, inputs, kept caches)"
 NO_FRAME = "autograd's engine (backward, no Python frame)"
 
@@ -77,11 +82,13 @@ def peak_of_trace(events: list[dict], before_bytes: int) -> dict:
     }
 
 
-def step_peak(case: Case, max_entries: int = 4_000_000) -> dict:
-    """One recorded training step of ``case`` (after a warm one) and its peak's anatomy (peak_of_trace)."""
+def step_peak(case: Case, first_step: bool = False, max_entries: int = 4_000_000) -> dict:
+    """One recorded training step of ``case`` (the first, or one after a warm one) and its peak's anatomy
+    (peak_of_trace)."""
     clear_grads(case.leaves)
-    case.train()  # compiles, fills the caches
-    clear_grads(case.leaves)
+    if not first_step:
+        case.train()  # compiles, fills the caches
+        clear_grads(case.leaves)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -106,6 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp16")
     parser.add_argument("--mapper-chunks", type=int, default=ModelSpec().mapper_chunks)
     parser.add_argument("--variant", default="gtnorm/blocks")
+    parser.add_argument("--first-step", action="store_true", help="record the first step, not a warm one")
     parser.add_argument("--top", type=int, default=15, help="allocation sites printed")
     parser.add_argument("--out", type=Path, default=None, help="a JSON file for the whole result")
     args = parser.parse_args(argv)
@@ -116,9 +124,17 @@ def main(argv: list[str] | None = None) -> dict:
     variant = Variant.parse(args.variant)
     apply_process_options(variant.options)
     case = Case(variant, spec, DataSpec(), graph, DTYPES[args.dtype], torch.device("cuda"))
-    result = {"graph": args.graph, "norm": args.norm, "mapper_chunks": args.mapper_chunks, "variant": args.variant}
-    result |= {"device": torch.cuda.get_device_name(), "state_gib": case.state_mib / 1024} | step_peak(case)
-    print(f"## {args.graph}, QK norm {args.norm}, {args.mapper_chunks} mapper chunks, {args.variant}: peak "
+    result = {
+        "graph": args.graph,
+        "norm": args.norm,
+        "mapper_chunks": args.mapper_chunks,
+        "variant": args.variant,
+        "first_step": args.first_step,
+    }
+    result |= {"device": torch.cuda.get_device_name(), "state_gib": case.state_mib / 1024}
+    result |= step_peak(case, args.first_step)
+    step = "first step" if args.first_step else "warm step"
+    print(f"## {args.graph}, QK norm {args.norm}, {args.mapper_chunks} mapper chunks, {args.variant}, {step}: peak "
           f"{result['peak_gib']:.1f} GiB (max_memory_allocated {result['max_memory_allocated_gib']:.1f}), reached "
           f"by {result['reached_by']}; alive there, GiB:")  # fmt: skip
     for site, gib in list(result["alive_gib_by_site"].items())[: args.top]:
