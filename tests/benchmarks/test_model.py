@@ -235,3 +235,12 @@ def test_variant_options(graph, monkeypatch):
         run.main(["--tiny", "--variants", "gtnorm/blocks/static", "gtnorm/blocks"])
     with pytest.raises(ValueError, match="unknown variant option"):
         run.Variant.parse("gtnorm/blocks/fast")
+
+
+def test_compiled_variants_do_not_share_a_process():
+    """Two compiled variants would share Anemoi's forward methods' compiled graphs (and their recompile limit) in
+    one process: the benchmark isolates them; eager variants beside one compiled variant may share."""
+    parse = run.Variant.parse
+    assert run.shares_compiled_code([parse("anemoi/blocks"), parse("gtnorm/blocks")])
+    assert run.shares_compiled_code([parse("gtnorm/blocks"), parse("gtnorm/whole")])
+    assert not run.shares_compiled_code([parse("anemoi/default"), parse("gtnorm/default"), parse("gtnorm/blocks")])
