@@ -19,6 +19,7 @@ from pathlib import Path
 
 from benchmarks.anemoi.report import _measured, best_speedup, memory_saving, speedup
 from benchmarks.graphs.quick import COMMITTED_GPU_RESULTS, REPO, committed_gpu_summary
+from benchmarks.model.report import DEFAULT_MAPPER_CHUNKS
 from benchmarks.model.report import readme_table as model_readme_table
 from benchmarks.results_date import run_date
 
@@ -27,6 +28,7 @@ IN_BLOCK = RESULTS / "h200" / "anemoi"
 # The bare op on the other GPU kind, from its own run (its table sits in docs/performance.md).
 H100_GRAPHS = RESULTS / "h100" / "graphs"
 WHOLE_MODEL = RESULTS / "h200" / "model"
+WHOLE_MODEL_O320 = RESULTS / "h200" / "model-o320"  # compiled variants each in its own process
 WHOLE_MODEL_HIGH_RESOLUTION = RESULTS / "h200" / "model-o1280"  # each variant in its own process (memory binds)
 SEVERAL_GPUS = RESULTS / "h200x2" / "distributed"
 FIGURE = RESULTS / "h200" / "speedup.png"
@@ -146,11 +148,19 @@ def several_gpus_table(folder: Path = SEVERAL_GPUS) -> str:
     return "\n".join(lines) + "\n"
 
 
-def model_table(folders: tuple[Path, ...] = (WHOLE_MODEL, WHOLE_MODEL_HIGH_RESOLUTION)) -> str:
+def model_table(
+    folders: tuple[Path, ...] = (WHOLE_MODEL, WHOLE_MODEL_O320, WHOLE_MODEL_HIGH_RESOLUTION),
+) -> str:
     """The whole model (anemoi-training's default config): each side's fastest compile mode, step and inference;
-    the rows of every folder's results, in order."""
+    the rows of every folder's results, in order, less those a later folder measured again (same graph, norm and
+    mapper chunks: the newer run replaces them)."""
     loaded = [_load(folder) for folder in folders]
-    results = {"meta": loaded[0]["meta"], "rows": [row for result in loaded for row in result["rows"]]}
+    key = lambda row: (row["graph"], row["norm"], row.get("mapper_chunks", DEFAULT_MAPPER_CHUNKS))  # noqa: E731
+    rows = []
+    for at, result in enumerate(loaded):
+        newer = {key(row) for later in loaded[at + 1 :] for row in later["rows"]}
+        rows += [row for row in result["rows"] if key(row) not in newer]
+    results = {"meta": loaded[0]["meta"], "rows": rows}
     return model_readme_table(results, " and ".join(f"{folder.relative_to(REPO).as_posix()}/" for folder in folders))
 
 

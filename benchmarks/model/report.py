@@ -205,8 +205,8 @@ def readme_table(results: dict, source: str) -> str:
         "recompile limit raised from torch's default 8 to 64, which anemoi-training does not do); a side that failed "
         "shows why. "
         "Speed-up: the medians' ratio, in brackets its range over the rounds. Peak: parameters, buffers, what the "
-        "side keeps between steps and the step's allocations (* = a row recorded before what is kept was counted: "
-        "gtnorm's layout caches left out). Training step / inference ms:",
+        "side keeps between steps, the batch the step reads (input and target) and the step's allocations (* = a row "
+        "recorded before what is kept was counted: gtnorm's layout caches left out). Training step / inference ms:",
         "",
         "| model | mapper chunks | QK norm | Anemoi, fastest mode | gtnorm, fastest mode | speed-up step "
         "| speed-up inference | step's peak MiB, Anemoi → gtnorm | modes measured, Anemoi; gtnorm | run |",

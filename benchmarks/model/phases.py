@@ -1,0 +1,137 @@
+"""The whole model's training step, phase by phase: memory allocated at each mapper chunk and processor chunk
+boundary (forward, recomputation under checkpointing, and the moment each chunk's output gradient arrives in the
+backward) and the allocator's peak between two boundaries.
+
+    python -m benchmarks.model.phases --graph o1280_r7 --mapper-chunks 4 --variant gtnorm/blocks/mlpckpt/efused
+
+benchmarks.model.memory names what is alive at the peak, but its recording (the allocator's history with Python
+stacks) fails inside a compiled block's backward (a SystemError from autograd's apply, torch 2.11); these
+boundaries need no recording, so they measure the compiled step users run. One warm step is logged, after one that
+compiles. A boundary whose phase peaked above ``--list-above`` GiB lists the sizes of the blocks alive there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections import Counter
+from dataclasses import replace
+
+import torch
+from anemoi.models.layers import mapper as anemoi_mapper
+from anemoi.models.layers import processor as anemoi_processor
+
+from benchmarks.graphs.measure import clear_grads
+from benchmarks.model.config import DataSpec, ModelSpec
+from benchmarks.model.graph import MODEL_GRAPHS, build_model_graph
+from benchmarks.model.run import DTYPES, Case, Variant, apply_process_options
+
+GIB = 2**30
+
+
+class PhaseLog:
+    """Boundaries of a step: (label, GiB allocated there, GiB peak since the previous boundary). On the CPU the
+    memory reads are zero (the labels alone: what the tests check)."""
+
+    def __init__(self, list_above_gib: float = float("inf")):
+        self.on = False
+        self.list_above_gib = list_above_gib
+        self.boundaries: list[tuple[str, float, float]] = []
+        self.calls: Counter = Counter()
+
+    def mark(self, label: str) -> None:
+        if not self.on:
+            return
+        allocated = peak = 0.0
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            allocated, peak = torch.cuda.memory_allocated() / GIB, torch.cuda.max_memory_allocated() / GIB
+            torch.cuda.reset_peak_memory_stats()
+        self.boundaries.append((label, allocated, peak))
+        line = f"{label:48s} allocated {allocated:7.2f}  peak since the last {peak:7.2f}"
+        if peak > self.list_above_gib:
+            line += "  alive (GiB): " + " ".join(f"{size:.2f}" for size in alive_block_sizes())
+        print(line, flush=True)
+
+    def mark_gradient(self, tensor, label: str) -> None:
+        """A boundary where ``tensor``'s gradient is computed (the start of its producer's backward)."""
+        if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+            tensor.register_hook(lambda grad: self.mark(label))
+
+
+def alive_block_sizes(min_bytes: int = 2**29) -> list[float]:
+    """GiB of every allocated block of at least ``min_bytes``, largest first."""
+    blocks = (block for segment in torch.cuda.memory_snapshot() for block in segment["blocks"])
+    sizes = (block["size"] / GIB for block in blocks if block["state"] == "active_allocated")
+    return sorted((size for size in sizes if size >= min_bytes / GIB), reverse=True)
+
+
+@contextlib.contextmanager
+def logged_chunks(log: PhaseLog):
+    """Anemoi's mapper and processor chunk functions (gtnorm's mappers call them through super()) wrapped with
+    boundaries; restored on exit. A chunk's second call in a step is its recomputation under checkpointing."""
+    mapper_chunk = anemoi_mapper.GraphTransformerBaseMapper.run_processor_chunk
+    layer_chunk = anemoi_processor.GraphTransformerProcessor.run_layer_chunk
+
+    def run_processor_chunk(self, chunk_partition, chunk_id, *args, **kwargs):
+        name = type(self).__name__.replace("GraphTransformer", "")
+        log.calls[name, chunk_id] += 1
+        phase = "forward" if log.calls[name, chunk_id] % 2 else "recomputed"
+        log.mark(f"{name} chunk {chunk_id} {phase}")
+        out = mapper_chunk(self, chunk_partition, chunk_id, *args, **kwargs)
+        log.mark(f"{name} chunk {chunk_id} {phase}, done")
+        log.mark_gradient(out, f"{name} chunk {chunk_id} backward")
+        return out
+
+    def run_layer_chunk(self, chunk_start, data, *args, **kwargs):
+        log.mark(f"processor layers {chunk_start}+")
+        out = layer_chunk(self, chunk_start, data, *args, **kwargs)
+        log.mark(f"processor layers {chunk_start}+, done")
+        log.mark_gradient(out[0], f"processor layers {chunk_start}+ backward")
+        return out
+
+    anemoi_mapper.GraphTransformerBaseMapper.run_processor_chunk = run_processor_chunk
+    anemoi_processor.GraphTransformerProcessor.run_layer_chunk = run_layer_chunk
+    try:
+        yield log
+    finally:
+        anemoi_mapper.GraphTransformerBaseMapper.run_processor_chunk = mapper_chunk
+        anemoi_processor.GraphTransformerProcessor.run_layer_chunk = layer_chunk
+
+
+def logged_step(case: Case, log: PhaseLog) -> list[tuple[str, float, float]]:
+    """One step that compiles (not logged), then one logged step of ``case``: its boundaries."""
+    with logged_chunks(log):
+        for logged in (False, True):
+            clear_grads(case.leaves)
+            log.on, log.calls = logged, Counter()
+            log.mark("step starts")
+            case.train()
+            log.mark("step ends")
+    clear_grads(case.leaves)
+    return log.boundaries
+
+
+def main(argv: list[str] | None = None) -> list:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.model.phases", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--graph", choices=list(MODEL_GRAPHS), default="o320_r6")
+    parser.add_argument("--norm", choices=("layer", "off"), default="layer")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="fp16")
+    parser.add_argument("--mapper-chunks", type=int, default=ModelSpec().mapper_chunks)
+    parser.add_argument("--variant", default="gtnorm/blocks")
+    parser.add_argument("--list-above", type=float, default=float("inf"), help="GiB; see above")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.model.phases needs a CUDA device")
+    spec = replace(ModelSpec(), qk_norm=args.norm == "layer", mapper_chunks=args.mapper_chunks)
+    variant = Variant.parse(args.variant)
+    apply_process_options(variant.options)
+    graph = build_model_graph(args.graph, verbose=True)
+    case = Case(variant, spec, DataSpec(), graph, DTYPES[args.dtype], torch.device("cuda"))
+    boundaries = logged_step(case, PhaseLog(args.list_above))
+    print(f"the step's peak: {max(peak for _, _, peak in boundaries):.2f} GiB allocated")
+    return boundaries
+
+
+if __name__ == "__main__":
+    main()
