@@ -56,3 +56,35 @@ def test_a_side_that_failed_shows_why():
     cells = [cell.strip() for cell in table.splitlines()[-1].strip("|").split("|")]
     assert cells[3] == f"{crash} (blocks)" and cells[5] == "–" and cells[7] == "– → 100,054"
     assert cells[9].endswith("both sides' recompile limit 64")
+
+
+def test_a_later_folder_replaces_the_rows_it_measured_again(tmp_path):
+    """benchmarks.report's model table: a row of a later results folder (same graph, norm and mapper chunks; rows
+    from before the chunk axis count as the config's 4) replaces an earlier folder's; other rows stay, in order."""
+    import json
+
+    from benchmarks import report
+
+    def row(graph, norm, chunks, ms):
+        found = {"graph": graph, "norm": norm, "run": RUN, "variants": {
+            "anemoi/blocks": _timed([ms * 1.5], [ms], 500.0), "gtnorm/blocks": _timed([ms], [ms], 400.0)}}  # fmt: skip
+        return found | ({"mapper_chunks": chunks} if chunks else {})
+
+    folders = []
+    for name, rows in (("old", [row("o96_r5", "off", None, 100.0), row("o320_r6", "layer", None, 300.0)]),
+                       ("new", [row("o320_r6", "layer", 4, 200.0), row("o320_r6", "layer", 8, 250.0)])):  # fmt: skip
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "results.json").write_text(json.dumps(_results(rows)))
+        folders.append(folder)
+    monkeypatched = report.REPO
+    report.REPO = tmp_path
+    try:
+        table = report.model_table(tuple(folders)).splitlines()
+    finally:
+        report.REPO = monkeypatched
+    rows = [line for line in table if line.startswith("| O")]
+    assert [line.split(" | ")[1] for line in rows] == ["4", "4", "8"]  # O96, then the new folder's two rows
+    gtnorm_cells = [line.split(" | ")[4] for line in rows]
+    assert gtnorm_cells == ["100.0 / 100.0 (blocks / blocks)", "200.0 / 200.0 (blocks / blocks)",
+                            "250.0 / 250.0 (blocks / blocks)"]  # fmt: skip
