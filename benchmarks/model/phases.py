@@ -1,6 +1,7 @@
 """The whole model's training step, phase by phase: memory allocated at each mapper chunk and processor chunk
 boundary (forward, recomputation under checkpointing, and the moment each chunk's output gradient arrives in the
-backward) and the allocator's peak between two boundaries.
+backward, and inside a mapper chunk's backward the ends of its output head, its block and its embedding) and the
+allocator's peak between two boundaries.
 
     python -m benchmarks.model.phases --graph o1280_r7 --mapper-chunks 4 --variant gtnorm/blocks/mlpckpt/efused
 
@@ -78,7 +79,12 @@ def logged_chunks(log: PhaseLog):
         log.calls[name, chunk_id] += 1
         phase = "forward" if log.calls[name, chunk_id] % 2 else "recomputed"
         log.mark(f"{name} chunk {chunk_id} {phase}")
-        out = mapper_chunk(self, chunk_partition, chunk_id, *args, **kwargs)
+        if phase == "forward":  # the backward's boundaries inside the chunk, on the tensors the backward uses
+            self.pre_process, self.post_process = _marked_ends(log, f"{name} chunk {chunk_id} backward", self)
+        try:
+            out = mapper_chunk(self, chunk_partition, chunk_id, *args, **kwargs)
+        finally:
+            self.__dict__.pop("pre_process", None), self.__dict__.pop("post_process", None)
         log.mark(f"{name} chunk {chunk_id} {phase}, done")
         log.mark_gradient(out, f"{name} chunk {chunk_id} backward")
         return out
@@ -97,6 +103,25 @@ def logged_chunks(log: PhaseLog):
     finally:
         anemoi_mapper.GraphTransformerBaseMapper.run_processor_chunk = mapper_chunk
         anemoi_processor.GraphTransformerProcessor.run_layer_chunk = layer_chunk
+
+
+def _marked_ends(log: PhaseLog, label: str, mapper) -> tuple:
+    """The mapper's pre_process and post_process, marking where the backward passes them: the output head's
+    backward done (the block's output gradient), the block's done (its destination input's gradient), the
+    embedding's done (the gradient of the chunk's slice of the destinations' input)."""
+    pre_process, post_process = mapper.pre_process, mapper.post_process
+
+    def marked_pre_process(x, *args, **kwargs):
+        log.mark_gradient(x[1], f"{label}: embedding done")
+        embedded = pre_process(x, *args, **kwargs)
+        log.mark_gradient(embedded[1], f"{label}: block done")
+        return embedded
+
+    def marked_post_process(x_dst, *args, **kwargs):
+        log.mark_gradient(x_dst, f"{label}: head done")
+        return post_process(x_dst, *args, **kwargs)
+
+    return marked_pre_process, marked_post_process
 
 
 def logged_step(case: Case, log: PhaseLog) -> list[tuple[str, float, float]]:

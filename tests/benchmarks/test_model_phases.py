@@ -31,6 +31,10 @@ def test_a_step_logs_every_chunk_forward_recomputed_and_backward():
         for chunk in range(spec.mapper_chunks):
             for phase in ("forward", "forward, done", "recomputed", "backward"):
                 assert labels.count(f"{mapper} chunk {chunk} {phase}") == 1, (mapper, chunk, phase, labels)
+    for chunk in range(spec.mapper_chunks):  # inside the decoder chunk's backward, in the backward's order
+        ends = [labels.index(f"BackwardMapper chunk {chunk} backward{end}")
+                for end in ("", ": head done", ": block done", ": embedding done")]  # fmt: skip
+        assert ends == sorted(ends), labels
     for start in range(0, spec.num_layers, spec.num_layers // spec.processor_chunks):
         assert labels.count(f"processor layers {start}+") == 2  # forward and recomputed
         assert labels.count(f"processor layers {start}+ backward") == 1
