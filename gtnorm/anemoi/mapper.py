@@ -27,9 +27,11 @@ from dataclasses import dataclass
 
 import torch
 from anemoi.models.distributed import khop_edges
+from anemoi.models.distributed.graph import gather_tensor
 from anemoi.models.distributed.khop_edges import GraphPartition, build_graph_partition, ensure_edges_are_dst_sorted
 from anemoi.models.distributed.utils import model_is_distributed
 from anemoi.models.layers import mapper as anemoi_mapper
+from anemoi.models.layers.utils import maybe_checkpoint
 from torch import Tensor
 
 from gtnorm.anemoi.block import GraphTransformerMapperBlock, convert_blocks
@@ -97,7 +99,18 @@ class _CachedChunkPartition(GraphPartition):
             cond_src, cond_dst = cond
             cond_chunk = (cond_src if chunk.src_ids is None else cond_src[chunk.src_ids], cond_dst[dst_range])
         edge_attr_chunk = edge_attr[self._get_edge_range(partition_id)]
-        return (x_src_chunk, x_dst[dst_range]), edge_attr_chunk, chunk.edge_index, cond_chunk
+        x_dst_chunk = _destinations(x_dst, dst_range, self.num_nodes[1])
+        return (x_src_chunk, x_dst_chunk), edge_attr_chunk, chunk.edge_index, cond_chunk
+
+
+def _destinations(x_dst: Tensor, dst_range: slice, num_dst: int) -> Tensor:  # [N_dst or N_dst_chunk, C]
+    """The chunk's destination rows: sliced from all of them, or ``x_dst`` itself where the mapper split them
+    before the chunk (_CachedChunks.mapper_forward_with_edge_sharding); where a chunk has every row both agree."""
+    if x_dst.shape[0] == num_dst:
+        return x_dst[dst_range]
+    if x_dst.shape[0] != dst_range.stop - dst_range.start:
+        raise ValueError(f"a chunk of {dst_range.stop - dst_range.start} destinations got {x_dst.shape[0]} rows")
+    return x_dst
 
 
 @torch.compiler.disable
@@ -155,6 +168,35 @@ class _CachedChunks:
         num_chunks = max(self.num_chunks, anemoi_mapper.NUM_CHUNKS_INFERENCE_MAPPER)
         partition = _prepared_partition(edge_index, num_chunks, (x_src.shape[0], x_dst.shape[0]))
         return x_src, x_dst, edge_attr, edge_index, shard_info, cond, partition
+
+    def mapper_forward_with_edge_sharding(
+        self, x, batch_size, shard_info, edge_attr, edge_index, model_comm_group=None, keep_x_dst_sharded=False,
+        cond=None, edges_are_dst_sorted=True, **kwargs,
+    ):  # fmt: skip
+        if model_is_distributed(model_comm_group) or khop_edges.ANEMOI_DEBUG_SHARDING:
+            return super().mapper_forward_with_edge_sharding(
+                x, batch_size, shard_info, edge_attr, edge_index, model_comm_group, keep_x_dst_sharded, cond,
+                edges_are_dst_sorted, **kwargs,
+            )  # fmt: skip
+        # Anemoi's chunk loop, with the destinations split once before it: each chunk's checkpoint then takes its
+        # own rows, whose gradient is their size. Sliced inside the chunk, as Anemoi does, each chunk's backward
+        # makes a zero-filled gradient of every destination and adds it into the one before (O1280's decoder:
+        # 5.1 GiB each, the grid input being fp32 and 208 wide; a held 5.1 GiB buffer during the last three
+        # chunks' backward, at the step's peak; benchmarks/NOTES.md v29).
+        x_src, x_dst, edge_attr, edge_index, shard_info, cond, partition = maybe_checkpoint(
+            self.prepare_edge_sharding_wrapper, self.gradient_checkpointing, x, shard_info, batch_size, edge_attr,
+            edge_index, model_comm_group, cond, edges_are_dst_sorted,
+        )  # fmt: skip
+        out_channels = self.out_channels_dst if self.out_channels_dst is not None else self.hidden_dim
+        out_type = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x_dst.dtype
+        out_dst = torch.empty((*x_dst.shape[:-1], out_channels), device=x_dst.device, dtype=out_type)
+        for chunk_id, x_dst_chunk in enumerate(x_dst.split(list(partition.dst_splits))):
+            out_dst[partition._get_dst_range(chunk_id)] = maybe_checkpoint(
+                self.run_processor_chunk, self.gradient_checkpointing, partition, chunk_id, (x_src, x_dst_chunk),
+                edge_attr, edge_index, shard_info, batch_size, model_comm_group, cond, edges_are_dst_sorted=True,
+                **kwargs,
+            ).to(dtype=out_type)  # fmt: skip
+        return out_dst if keep_x_dst_sharded else gather_tensor(out_dst, 0, shard_info.dst_nodes, model_comm_group)
 
     def run_processor_chunk(self, chunk_partition: GraphPartition, *args, **kwargs):
         if type(chunk_partition) is GraphPartition:  # made by Anemoi's own preparation (several GPUs)
