@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from anemoi.models.layers import mapper as anemoi_mapper
@@ -145,6 +147,7 @@ def main(argv: list[str] | None = None) -> list:
     parser.add_argument("--mapper-chunks", type=int, default=ModelSpec().mapper_chunks)
     parser.add_argument("--variant", default="gtnorm/blocks")
     parser.add_argument("--list-above", type=float, default=float("inf"), help="GiB; see above")
+    parser.add_argument("--out", type=Path, default=None, help="a JSON file for the boundaries")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.model.phases needs a CUDA device")
@@ -155,6 +158,12 @@ def main(argv: list[str] | None = None) -> list:
     case = Case(variant, spec, DataSpec(), graph, DTYPES[args.dtype], torch.device("cuda"))
     boundaries = logged_step(case, PhaseLog(args.list_above))
     print(f"the step's peak: {max(peak for _, _, peak in boundaries):.2f} GiB allocated")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        run = {"device": torch.cuda.get_device_name(), "state_gib": case.state_mib / 1024} | vars(args)
+        rows = [{"boundary": label, "allocated_gib": allocated, "peak_since_gib": peak}
+                for label, allocated, peak in boundaries]  # fmt: skip
+        args.out.write_text(json.dumps({"run": run | {"out": str(args.out)}, "boundaries": rows}, indent=1))
     return boundaries
 
 
