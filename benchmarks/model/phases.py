@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> list:
         run = {"device": torch.cuda.get_device_name(), "state_gib": case.state_mib / 1024} | vars(args)
         rows = [{"boundary": label, "allocated_gib": allocated, "peak_since_gib": peak}
                 for label, allocated, peak in boundaries]  # fmt: skip
-        args.out.write_text(json.dumps({"run": run | {"out": str(args.out)}, "boundaries": rows}, indent=1))
+        run |= {"out": str(args.out), "list_above": None if args.list_above == float("inf") else args.list_above}
+        args.out.write_text(json.dumps({"run": run, "boundaries": rows}, indent=1))
     return boundaries
 
 
