@@ -12,10 +12,10 @@ its layout by identity too (a caller's in-place write into it is seen by its ver
 again). When every source of a chunk has edges, its source features are the mapper's own tensor, not a gathered
 copy.
 
-On one GPU the chunk loop is Anemoi's with the destinations split once before it, so that each chunk's
-checkpoint takes its own rows and their gradient is their size; sliced inside each chunk, as Anemoi does, every
-chunk's backward makes a zero-filled gradient of all the destinations (at O1280's decoder, 5.1 GiB per chunk).
-The results are bitwise Anemoi's loop's.
+On one GPU the prepared partition also holds the destinations split once, before the chunk loop, so that each
+chunk's checkpoint takes its own rows and their gradient is their size (_SplitDestinations); sliced inside each
+chunk, as Anemoi does, every chunk's backward makes a zero-filled gradient of all the destinations (at O1280's
+decoder, 5.1 GiB per chunk). The results are bitwise those of Anemoi's slicing.
 
 Under torch.compile the preparation is one call the tracer skips (a graph break where Anemoi's own preparation
 breaks too, at its ``.item()``); the chunk loop after it slices tensors only and is traced, blocks included.
@@ -32,11 +32,9 @@ from dataclasses import dataclass
 
 import torch
 from anemoi.models.distributed import khop_edges
-from anemoi.models.distributed.graph import gather_tensor
 from anemoi.models.distributed.khop_edges import GraphPartition, build_graph_partition, ensure_edges_are_dst_sorted
 from anemoi.models.distributed.utils import model_is_distributed
 from anemoi.models.layers import mapper as anemoi_mapper
-from anemoi.models.layers.utils import maybe_checkpoint
 from torch import Tensor
 
 from gtnorm.anemoi.block import GraphTransformerMapperBlock, convert_blocks
@@ -94,28 +92,44 @@ class _CachedChunkPartition(GraphPartition):
         return all(chunk.unwritten() for chunk in self.chunks)
 
     def materialise(self, partition_id, x, edge_attr, edge_index, cond=None):
-        # Tensor slicing alone where the chunks were made with the partition: torch.compile traces it.
         x_src, x_dst = x
+        return self.materialise_rows(partition_id, x_src, x_dst[self._get_dst_range(partition_id)], edge_attr,
+                                     edge_index, cond)  # fmt: skip
+
+    def materialise_rows(self, partition_id, x_src, x_dst_chunk, edge_attr, edge_index, cond=None):
+        """materialise with the chunk's destination rows given (x_dst_chunk: [N_dst_chunk, C])."""
+        # Tensor slicing alone where the chunks were made with the partition: torch.compile traces it.
         chunk = self.chunks[partition_id] if self.chunks is not None else _chunk(self, partition_id, edge_index, x_src)
-        dst_range = self._get_dst_range(partition_id)
         x_src_chunk = x_src if chunk.src_ids is None else x_src[chunk.src_ids]
         cond_chunk = None
         if cond is not None:
             cond_src, cond_dst = cond
-            cond_chunk = (cond_src if chunk.src_ids is None else cond_src[chunk.src_ids], cond_dst[dst_range])
+            cond_dst_chunk = cond_dst[self._get_dst_range(partition_id)]
+            cond_chunk = (cond_src if chunk.src_ids is None else cond_src[chunk.src_ids], cond_dst_chunk)
         edge_attr_chunk = edge_attr[self._get_edge_range(partition_id)]
-        x_dst_chunk = _destinations(x_dst, dst_range, self.num_nodes[1])
         return (x_src_chunk, x_dst_chunk), edge_attr_chunk, chunk.edge_index, cond_chunk
 
 
-def _destinations(x_dst: Tensor, dst_range: slice, num_dst: int) -> Tensor:  # [N_dst or N_dst_chunk, C]
-    """The chunk's destination rows: sliced from all of them, or ``x_dst`` itself where the mapper split them
-    before the chunk (_CachedChunks.mapper_forward_with_edge_sharding); where a chunk has every row both agree."""
-    if x_dst.shape[0] == num_dst:
-        return x_dst[dst_range]
-    if x_dst.shape[0] != dst_range.stop - dst_range.start:
-        raise ValueError(f"a chunk of {dst_range.stop - dst_range.start} destinations got {x_dst.shape[0]} rows")
-    return x_dst
+class _SplitDestinations:
+    """A prepared partition for one forward, with the destinations split once, outside the chunks' checkpoints:
+    each chunk then takes its own rows, whose gradient is their size. Sliced inside each chunk, as Anemoi's
+    partition does, every chunk's backward makes a zero-filled gradient of all the destinations and adds it into
+    the one before (at O1280's decoder, whose grid input is fp32 and 208 wide: 5.1 GiB per chunk, and a 5.1 GiB
+    buffer held through the last three chunks' backward, at the step's peak; benchmarks/NOTES.md v29). What
+    Anemoi's chunk loop asks of a partition: num_parts, _get_dst_range, materialise (whose x_dst it ignores)."""
+
+    def __init__(self, partition: _CachedChunkPartition, x_dst: Tensor):  # x_dst: [N_dst, C]
+        self.partition = partition
+        self.num_parts = partition.num_parts
+        self.x_dst_chunks = x_dst.split(list(partition.dst_splits))  # views: [N_dst_chunk, C] each
+
+    def _get_dst_range(self, partition_id: int) -> slice:
+        return self.partition._get_dst_range(partition_id)
+
+    def materialise(self, partition_id, x, edge_attr, edge_index, cond=None):
+        return self.partition.materialise_rows(
+            partition_id, x[0], self.x_dst_chunks[partition_id], edge_attr, edge_index, cond
+        )
 
 
 @torch.compiler.disable
@@ -172,36 +186,7 @@ class _CachedChunks:
         )  # fmt: skip
         num_chunks = max(self.num_chunks, anemoi_mapper.NUM_CHUNKS_INFERENCE_MAPPER)
         partition = _prepared_partition(edge_index, num_chunks, (x_src.shape[0], x_dst.shape[0]))
-        return x_src, x_dst, edge_attr, edge_index, shard_info, cond, partition
-
-    def mapper_forward_with_edge_sharding(
-        self, x, batch_size, shard_info, edge_attr, edge_index, model_comm_group=None, keep_x_dst_sharded=False,
-        cond=None, edges_are_dst_sorted=True, **kwargs,
-    ):  # fmt: skip
-        if model_is_distributed(model_comm_group) or khop_edges.ANEMOI_DEBUG_SHARDING:
-            return super().mapper_forward_with_edge_sharding(
-                x, batch_size, shard_info, edge_attr, edge_index, model_comm_group, keep_x_dst_sharded, cond,
-                edges_are_dst_sorted, **kwargs,
-            )  # fmt: skip
-        # Anemoi's chunk loop, with the destinations split once before it: each chunk's checkpoint then takes its
-        # own rows, whose gradient is their size. Sliced inside the chunk, as Anemoi does, each chunk's backward
-        # makes a zero-filled gradient of every destination and adds it into the one before (O1280's decoder:
-        # 5.1 GiB each, the grid input being fp32 and 208 wide; a held 5.1 GiB buffer during the last three
-        # chunks' backward, at the step's peak; benchmarks/NOTES.md v29).
-        x_src, x_dst, edge_attr, edge_index, shard_info, cond, partition = maybe_checkpoint(
-            self.prepare_edge_sharding_wrapper, self.gradient_checkpointing, x, shard_info, batch_size, edge_attr,
-            edge_index, model_comm_group, cond, edges_are_dst_sorted,
-        )  # fmt: skip
-        out_channels = self.out_channels_dst if self.out_channels_dst is not None else self.hidden_dim
-        out_type = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x_dst.dtype
-        out_dst = torch.empty((*x_dst.shape[:-1], out_channels), device=x_dst.device, dtype=out_type)
-        for chunk_id, x_dst_chunk in enumerate(x_dst.split(list(partition.dst_splits))):
-            out_dst[partition._get_dst_range(chunk_id)] = maybe_checkpoint(
-                self.run_processor_chunk, self.gradient_checkpointing, partition, chunk_id, (x_src, x_dst_chunk),
-                edge_attr, edge_index, shard_info, batch_size, model_comm_group, cond, edges_are_dst_sorted=True,
-                **kwargs,
-            ).to(dtype=out_type)  # fmt: skip
-        return out_dst if keep_x_dst_sharded else gather_tensor(out_dst, 0, shard_info.dst_nodes, model_comm_group)
+        return x_src, x_dst, edge_attr, edge_index, shard_info, cond, _SplitDestinations(partition, x_dst)
 
     def run_processor_chunk(self, chunk_partition: GraphPartition, *args, **kwargs):
         if type(chunk_partition) is GraphPartition:  # made by Anemoi's own preparation (several GPUs)
