@@ -16,15 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from benchmarks.graphs.measure import clear_grads
-from benchmarks.model.config import DataSpec, ModelSpec
-from benchmarks.model.graph import MODEL_GRAPHS, build_model_graph
-from benchmarks.model.run import DTYPES, Case, Variant, apply_process_options
+from benchmarks.model.run import Case, add_case_arguments, case_of_arguments
 
 GIB = 2**30
 # Frames from these paths name an allocation site; the innermost such frame wins.
@@ -108,22 +105,12 @@ def step_peak(case: Case, first_step: bool = False, max_entries: int = 4_000_000
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.model.memory", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--graph", choices=list(MODEL_GRAPHS), default="o320_r6")
-    parser.add_argument("--norm", choices=("layer", "off"), default="layer")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="fp16")
-    parser.add_argument("--mapper-chunks", type=int, default=ModelSpec().mapper_chunks)
-    parser.add_argument("--variant", default="gtnorm/blocks")
+    add_case_arguments(parser)
     parser.add_argument("--first-step", action="store_true", help="record the first step, not a warm one")
     parser.add_argument("--top", type=int, default=15, help="allocation sites printed")
     parser.add_argument("--out", type=Path, default=None, help="a JSON file for the whole result")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("benchmarks.model.memory needs a CUDA device")
-    spec = replace(ModelSpec(), qk_norm=args.norm == "layer", mapper_chunks=args.mapper_chunks)
-    graph = build_model_graph(args.graph, verbose=True)
-    variant = Variant.parse(args.variant)
-    apply_process_options(variant.options)
-    case = Case(variant, spec, DataSpec(), graph, DTYPES[args.dtype], torch.device("cuda"))
+    case = case_of_arguments(args, "benchmarks.model.memory")
     result = {
         "graph": args.graph,
         "norm": args.norm,

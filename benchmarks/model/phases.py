@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import json
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,9 +24,7 @@ from anemoi.models.layers import mapper as anemoi_mapper
 from anemoi.models.layers import processor as anemoi_processor
 
 from benchmarks.graphs.measure import clear_grads
-from benchmarks.model.config import DataSpec, ModelSpec
-from benchmarks.model.graph import MODEL_GRAPHS, build_model_graph
-from benchmarks.model.run import DTYPES, Case, Variant, apply_process_options
+from benchmarks.model.run import Case, add_case_arguments, case_of_arguments
 
 GIB = 2**30
 
@@ -141,21 +138,11 @@ def logged_step(case: Case, log: PhaseLog) -> list[tuple[str, float, float]]:
 
 def main(argv: list[str] | None = None) -> list:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.model.phases", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--graph", choices=list(MODEL_GRAPHS), default="o320_r6")
-    parser.add_argument("--norm", choices=("layer", "off"), default="layer")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="fp16")
-    parser.add_argument("--mapper-chunks", type=int, default=ModelSpec().mapper_chunks)
-    parser.add_argument("--variant", default="gtnorm/blocks")
+    add_case_arguments(parser)
     parser.add_argument("--list-above", type=float, default=float("inf"), help="GiB; see above")
     parser.add_argument("--out", type=Path, default=None, help="a JSON file for the boundaries")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("benchmarks.model.phases needs a CUDA device")
-    spec = replace(ModelSpec(), qk_norm=args.norm == "layer", mapper_chunks=args.mapper_chunks)
-    variant = Variant.parse(args.variant)
-    apply_process_options(variant.options)
-    graph = build_model_graph(args.graph, verbose=True)
-    case = Case(variant, spec, DataSpec(), graph, DTYPES[args.dtype], torch.device("cuda"))
+    case = case_of_arguments(args, "benchmarks.model.phases")
     boundaries = logged_step(case, PhaseLog(args.list_above))
     print(f"the step's peak: {max(peak for _, _, peak in boundaries):.2f} GiB allocated")
     if args.out is not None:

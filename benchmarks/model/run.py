@@ -170,6 +170,27 @@ class Case:
             return self.runnable({"data": self.x})["data"]
 
 
+def add_case_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments naming one case on the GPU: what benchmarks.model.memory and .phases take."""
+    parser.add_argument("--graph", choices=list(MODEL_GRAPHS), default="o320_r6")
+    parser.add_argument("--norm", choices=NORMS, default="layer")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="fp16")
+    parser.add_argument("--mapper-chunks", type=int, default=ModelSpec().mapper_chunks)
+    parser.add_argument("--variant", default="gtnorm/blocks")
+
+
+def case_of_arguments(args: argparse.Namespace, tool: str) -> Case:
+    """The case add_case_arguments named, on the GPU (its process options set); ``tool`` names the caller in the
+    error raised without CUDA."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{tool} needs a CUDA device")
+    spec = replace(ModelSpec(), qk_norm=args.norm == "layer", mapper_chunks=args.mapper_chunks)
+    variant = Variant.parse(args.variant)
+    apply_process_options(variant.options)
+    graph = build_model_graph(args.graph, verbose=True)
+    return Case(variant, spec, DataSpec(), graph, DTYPES[args.dtype], torch.device("cuda"))
+
+
 def first_call_s(fn, device: torch.device) -> float:
     start = time.perf_counter()
     fn()
