@@ -9,6 +9,8 @@ benchmarks.model.memory names what is alive at the peak, but its recording (the 
 stacks) fails inside a compiled block's backward (a SystemError from autograd's apply, torch 2.11); these
 boundaries need no recording, so they measure the compiled step users run. One warm step is logged, after one that
 compiles. A boundary whose phase peaked above ``--list-above`` GiB lists the sizes of the blocks alive there.
+With ``--trace`` the logged step's allocator history is recorded without stacks, which works there, and the blocks
+alive at the step's peak are listed by the phase that allocated them (benchmarks.model.trace).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from anemoi.models.layers import processor as anemoi_processor
 
 from benchmarks.graphs.measure import clear_grads
 from benchmarks.model.run import Case, add_case_arguments, case_of_arguments
+from benchmarks.model.trace import AllocatorTrace, format_report
 
 GIB = 2**30
 
@@ -33,8 +36,9 @@ class PhaseLog:
     """Boundaries of a step: (label, GiB allocated there, GiB peak since the previous boundary). On the CPU the
     memory reads are zero (the labels alone: what the tests check)."""
 
-    def __init__(self, list_above_gib: float = float("inf")):
+    def __init__(self, list_above_gib: float = float("inf"), trace: AllocatorTrace | None = None):
         self.on = False
+        self.trace = trace
         self.list_above_gib = list_above_gib
         self.boundaries: list[tuple[str, float, float]] = []
         self.calls: Counter = Counter()
@@ -48,6 +52,8 @@ class PhaseLog:
             allocated, peak = torch.cuda.memory_allocated() / GIB, torch.cuda.max_memory_allocated() / GIB
             torch.cuda.reset_peak_memory_stats()
         self.boundaries.append((label, allocated, peak))
+        if self.trace is not None:
+            self.trace.mark(label)
         line = f"{label:48s} allocated {allocated:7.2f}  peak since the last {peak:7.2f}"
         if peak > self.list_above_gib:
             line += "  alive (GiB): " + " ".join(f"{size:.2f}" for size in alive_block_sizes())
@@ -129,9 +135,13 @@ def logged_step(case: Case, log: PhaseLog) -> list[tuple[str, float, float]]:
         for logged in (False, True):
             clear_grads(case.leaves)
             log.on, log.calls = logged, Counter()
+            if logged and log.trace is not None:
+                log.trace.start()
             log.mark("step starts")
             case.train()
             log.mark("step ends")
+            if logged and log.trace is not None:
+                log.trace.stop()
     clear_grads(case.leaves)
     return log.boundaries
 
@@ -141,10 +151,15 @@ def main(argv: list[str] | None = None) -> list:
     add_case_arguments(parser)
     parser.add_argument("--list-above", type=float, default=float("inf"), help="GiB; see above")
     parser.add_argument("--out", type=Path, default=None, help="a JSON file for the boundaries")
+    trace_help = "record the allocator's history (no stacks) and list what is alive at the peak"
+    parser.add_argument("--trace", action="store_true", help=trace_help)
     args = parser.parse_args(argv)
     case = case_of_arguments(args, "benchmarks.model.phases")
-    boundaries = logged_step(case, PhaseLog(args.list_above))
+    trace = AllocatorTrace() if args.trace else None
+    boundaries = logged_step(case, PhaseLog(args.list_above, trace))
     print(f"the step's peak: {max(peak for _, _, peak in boundaries):.2f} GiB allocated")
+    if trace is not None:
+        print(format_report(trace.peak()))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         run = {"device": torch.cuda.get_device_name(), "state_gib": case.state_mib / 1024} | vars(args)
