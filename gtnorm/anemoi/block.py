@@ -13,10 +13,12 @@ block) is Anemoi's code, unchanged.
 
 from __future__ import annotations
 
+import torch
 from anemoi.models.layers import block as anemoi_block
 from torch import Tensor, nn
 
 from gtnorm.anemoi.conv import FusedGraphTransformerConv
+from gtnorm.anemoi.mlp_parts import fits_mlp_op, mlp_in_parts
 from gtnorm.anemoi.row_parts import in_checkpointed_parts
 
 # Anemoi's graph_attention_backend -> GraphTransformerConv's backend. "triton" runs gtnorm's kernels wherever
@@ -115,8 +117,9 @@ class GraphTransformerMapperBlock(_FusedAttention, anemoi_block.GraphTransformer
     """Anemoi's mapper block (same arguments, same state_dict) with gtnorm's fused attention + QK norm.
 
     ``node_chunk_rows``: when gradients are taken, the destinations' MLP (LayerNorm, Linear, GELU, Linear) runs in
-    checkpointed parts of at most this many rows (gtnorm/anemoi/row_parts.py); None (the default): in one call, as
-    Anemoi's block makes it. Set by gtnorm's mappers (their ``node_chunk_rows``).
+    checkpointed parts of at most this many rows (gtnorm/anemoi/row_parts.py; compiled, as one op whose backward
+    runs the parts one after another: gtnorm/anemoi/mlp_parts.py); None (the default): in one call, as Anemoi's
+    block makes it. Set by gtnorm's mappers (their ``node_chunk_rows``).
     """
 
     node_chunk_rows: int | None = None
@@ -124,7 +127,12 @@ class GraphTransformerMapperBlock(_FusedAttention, anemoi_block.GraphTransformer
     def run_node_dst_mlp(self, x: Tensor, **layer_kwargs) -> Tensor:  # x: [N_dst, C]
         if layer_kwargs.keys() - {"cond"}:  # none in anemoi-models 0.19: cond alone is split with the rows
             return super().run_node_dst_mlp(x, **layer_kwargs)
-        return in_checkpointed_parts(super().run_node_dst_mlp, x, self.node_chunk_rows, layer_kwargs.get("cond"))
+        rows = self.node_chunk_rows
+        in_parts = rows is not None and torch.is_grad_enabled() and x.shape[0] > rows
+        if in_parts and not layer_kwargs and torch.compiler.is_compiling():
+            if fits_mlp_op(self.layer_norm_mlp_dst, self.node_dst_mlp):
+                return mlp_in_parts(x, self.layer_norm_mlp_dst, self.node_dst_mlp, rows)
+        return in_checkpointed_parts(super().run_node_dst_mlp, x, rows, layer_kwargs.get("cond"))
 
 
 _GTNORM_BLOCKS = {

@@ -16,6 +16,7 @@ from torch._dynamo.utils import counters  # noqa: E402
 
 import gtnorm.anemoi  # noqa: E402
 from tests.anemoi.setups import Case, assert_steps_match, build_pair, forward, make_inputs, training_step  # noqa: E402
+from tests.anemoi.test_mlp_parts import count_parts  # noqa: E402
 
 PART_ROWS = 5
 # The decoder's 16 destinations per copy of its graph (setups.GRAPH_SIZES), 2 copies, in 2 chunks.
@@ -34,7 +35,7 @@ def _record_rows(decoder) -> dict[str, list[int]]:
     return rows
 
 
-def test_parts_keep_the_step_and_the_mlp_runs_no_more_often(device):
+def test_parts_keep_the_step_and_the_mlp_runs_no_more_often(device, monkeypatch):
     """The step's output and every gradient are those of one call per chunk; each part has at most
     node_chunk_rows rows. In eager mode the MLP runs no more often than in one call per chunk (forward and the
     chunk's recomputation, which stops early: torch's non-reentrant checkpoints); the output head (a LayerNorm and
@@ -43,6 +44,7 @@ def test_parts_keep_the_step_and_the_mlp_runs_no_more_often(device):
     _, in_parts = build_pair(CASE, "triton", device)
     inputs = make_inputs(CASE, device)
     whole_rows, part_rows = _record_rows(whole), _record_rows(in_parts)
+    op_parts = count_parts(monkeypatch)  # eager: checkpointed parts, not the op
     expected = training_step(whole, CASE, inputs)
     in_parts.node_chunk_rows = PART_ROWS
     assert_steps_match(training_step(in_parts, CASE, inputs), expected, 1e-6)
@@ -50,6 +52,7 @@ def test_parts_keep_the_step_and_the_mlp_runs_no_more_often(device):
         assert whole_rows[work] == [CHUNK_ROWS] * 2 * CASE.num_chunks  # forward and recomputation, chunk by chunk
         assert max(part_rows[work]) == PART_ROWS, work
     assert sum(part_rows["mlp"]) == sum(whole_rows["mlp"])
+    assert op_parts == []
     for rows in part_rows.values():
         rows.clear()
     with torch.no_grad():
@@ -57,9 +60,11 @@ def test_parts_keep_the_step_and_the_mlp_runs_no_more_often(device):
     assert part_rows == {"mlp": [CHUNK_ROWS] * CASE.num_chunks, "head": [CHUNK_ROWS] * CASE.num_chunks}
 
 
-def test_parts_compile_into_the_block(device):
+def test_parts_compile_into_the_block(device, monkeypatch):
     """Parts inside the mapper block compiled through Anemoi's compile config (anemoi-training's path), with
-    fullgraph=True: no graph break, the step matches the eager one without parts."""
+    fullgraph=True: no graph break, the step matches the eager one without parts, and the MLP ran as the op of
+    gtnorm/anemoi/mlp_parts.py (its parts counted: forward, the chunk's recomputation and the backward)."""
+    parts = count_parts(monkeypatch)
     _, whole = build_pair(CASE, "triton", device)
     _, in_parts = build_pair(
         CASE,
@@ -77,6 +82,8 @@ def test_parts_compile_into_the_block(device):
     try:
         assert_steps_match(training_step(in_parts, CASE, inputs), expected, 1e-5)
         assert dict(counters["graph_break"]) == {}
+        chunk_parts = [PART_ROWS] * (CHUNK_ROWS // PART_ROWS) + [CHUNK_ROWS % PART_ROWS] * bool(CHUNK_ROWS % PART_ROWS)
+        assert parts == chunk_parts * 3 * CASE.num_chunks, parts
     finally:
         torch._dynamo.reset()
 
