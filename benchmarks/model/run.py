@@ -352,6 +352,8 @@ def main(argv: list[str] | None = None) -> dict:
     settings = TimingSettings(warmup_ms=100.0, rep_ms=args.rep_ms, min_calls=args.min_calls)
     meta = {"data": asdict(data), "batch_size": 1, "dtype": args.dtype, "rounds": args.rounds}
     meta["started"] = time.strftime("%Y-%m-%d %H:%M %Z")
+    # The allocator's settings decide whether a step near the device's memory fits (expandable segments: v30).
+    meta["cuda_alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     meta |= {"commit": git_commit(), "isolated": args.isolate}
     results = {"meta": run_environment(device, base) | meta | {"min_calls": args.min_calls}, "rows": []}
     # Every row says which run it came from: rows of several runs can share a results file.
