@@ -86,15 +86,16 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor | None =
     return torch.addmm(bias, x, weight.t(), out=out)
 
 
-def _part_forward(part: Tensor, w: _Weights, out: Tensor | None = None):
-    """One part's forward: (output, and what its backward needs: the norm's input, mean, rstd, output, the
-    first GEMM's output and the GELU's)."""
+def _part_activations(part: Tensor, w: _Weights) -> tuple[Tensor, ...]:
+    """One part's forward up to the GELU: (the norm's input, mean, rstd and output, the first GEMM's output, the
+    GELU's), what the second GEMM and the backward read. The backward's recomputation stops here: the second GEMM's
+    output is not needed for gradients."""
     normed_in = part.to(w.norm_dtype)
     normed, mean, rstd = torch.native_layer_norm(normed_in, [part.shape[1]], w.norm_weight, w.norm_bias, w.eps)
     normed = normed.to(w.dtype)
     hidden = _linear(normed, w.weight1, w.bias1)
     activated = torch.nn.functional.gelu(hidden, approximate=w.approximate)
-    return _linear(activated, w.weight2, w.bias2, out=out), (normed_in, mean, rstd, normed, hidden, activated)
+    return normed_in, mean, rstd, normed, hidden, activated
 
 
 def _forward(
@@ -114,7 +115,8 @@ def _forward(
         w = _Weights.of(x, norm_weight, norm_bias, weight1, bias1, weight2, bias2, eps, approximate, autocast_dtype)
         out = x.new_empty((x.shape[0], weight2.shape[0]), dtype=w.dtype)
         for start in range(0, x.shape[0], rows):
-            _part_forward(x[start : start + rows], w, out=out[start : start + rows])
+            activated = _part_activations(x[start : start + rows], w)[-1]
+            _linear(activated, w.weight2, w.bias2, out=out[start : start + rows])
     return out
 
 
@@ -141,7 +143,7 @@ def _backward(
         accumulate = torch.promote_types(w.dtype, torch.float32)
         for start in range(0, x.shape[0], rows):
             stop = min(start + rows, x.shape[0])
-            _, (normed_in, mean, rstd, normed, hidden, activated) = _part_forward(x[start:stop], w)
+            normed_in, mean, rstd, normed, hidden, activated = _part_activations(x[start:stop], w)
             grad_y = grad_out[start:stop].to(w.dtype)
             part_grads = [None] * _PARAMS
             part_grads[4] = grad_y.t().mm(activated)

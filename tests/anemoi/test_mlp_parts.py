@@ -72,14 +72,15 @@ def test_under_autocast_the_forward_is_the_modules_and_the_backward_as_accurate(
 
 
 def count_parts(monkeypatch) -> list[int]:
-    """The rows of every part the op computes (mlp_parts._part_forward), appended as they run."""
-    rows, part_forward = [], mlp_parts._part_forward
+    """The rows of every part the op computes, forward or again in its backward (mlp_parts._part_activations),
+    appended as they run."""
+    rows, part_activations = [], mlp_parts._part_activations
 
     def counted(part, *args, **kwargs):
         rows.append(part.shape[0])
-        return part_forward(part, *args, **kwargs)
+        return part_activations(part, *args, **kwargs)
 
-    monkeypatch.setattr(mlp_parts, "_part_forward", counted)
+    monkeypatch.setattr(mlp_parts, "_part_activations", counted)
     return rows
 
 
