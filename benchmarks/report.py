@@ -29,6 +29,7 @@ IN_BLOCK = RESULTS / "h200" / "anemoi"
 H100_GRAPHS = RESULTS / "h100" / "graphs"
 WHOLE_MODEL = RESULTS / "h200" / "model"
 WHOLE_MODEL_O320 = RESULTS / "h200" / "model-o320"  # compiled variants each in its own process
+WHOLE_MODEL_O800 = RESULTS / "h200" / "model-o800"  # each variant in its own process
 WHOLE_MODEL_HIGH_RESOLUTION = RESULTS / "h200" / "model-o1280"  # each variant in its own process (memory binds)
 SEVERAL_GPUS = RESULTS / "h200x2" / "distributed"
 FIGURE = RESULTS / "h200" / "speedup.png"
@@ -149,7 +150,7 @@ def several_gpus_table(folder: Path = SEVERAL_GPUS) -> str:
 
 
 def model_table(
-    folders: tuple[Path, ...] = (WHOLE_MODEL, WHOLE_MODEL_O320, WHOLE_MODEL_HIGH_RESOLUTION),
+    folders: tuple[Path, ...] = (WHOLE_MODEL, WHOLE_MODEL_O320, WHOLE_MODEL_O800, WHOLE_MODEL_HIGH_RESOLUTION),
 ) -> str:
     """The whole model (anemoi-training's default config): each side's fastest compile mode, step and inference;
     the rows of every folder's results, in order, less those a later folder measured again (same graph, norm and
