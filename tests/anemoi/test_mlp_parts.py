@@ -30,6 +30,9 @@ def _modules(device, dtype=torch.float64, **norm_options):
     return norm, mlp
 
 
+_NAMES = ["norm weight", "norm bias", "weight1", "bias1", "weight2", "bias2"]
+
+
 def _grads(y, x, params, grad):
     return torch.autograd.grad(y, [x, *params], grad)
 
@@ -49,26 +52,31 @@ def test_matches_the_modules_in_float64(norm_options, device):
         torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-10)
 
 
-def test_under_autocast_the_forward_is_the_modules_and_the_backward_as_accurate():
-    """Under autocast (CPU, bf16) the op uses the modules' dtypes and kernels: the output is theirs bitwise. Its
-    gradients sum the parts' low-precision GEMMs in fp32, so they are not theirs bitwise: against float64, no
-    worse than 1.5x the modules' own error under the same autocast."""
-    norm, mlp = _modules("cpu", torch.float32)
-    x = torch.randn(300, CHANNELS, requires_grad=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_as_accurate_as_the_modules(dtype, device):
+    """In fp32 and under bf16 autocast the op's LayerNorm is gtnorm's row kernel (fp32 math), its GEMMs and GELU
+    torch's in the modules' dtypes: its output and every gradient, against float64, no further than 2.5x the
+    modules' own error in the same dtypes. The op rounds at other places (the norm's output straight to bf16, the
+    parts' GEMMs summed in fp32), so its error is another draw of the same size: over 40 seeds the largest ratio
+    was 1.75 (the norm weight's gradient)."""
+    norm, mlp = _modules(device, torch.float32)
+    x = torch.randn(300, CHANNELS, device=device, requires_grad=True)
     params = [*norm.parameters(), *mlp.parameters()]
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
         expected, actual = mlp(norm(x)), mlp_in_parts(x, norm, mlp, 64)
-    assert actual.dtype == expected.dtype == torch.bfloat16
-    assert torch.equal(actual, expected)
+    assert actual.dtype == expected.dtype
     grad = torch.randn_like(expected)
-    norm64, mlp64 = _modules("cpu")
+    norm64, mlp64 = _modules(device)
     norm64.load_state_dict(norm.state_dict()), mlp64.load_state_dict(mlp.state_dict())
     x64 = x.detach().double().requires_grad_()
-    exact = _grads(mlp64(norm64(x64)), x64, [*norm64.parameters(), *mlp64.parameters()], grad.double())
-    for a, e, ex in zip(_grads(actual, x, params, grad), _grads(expected, x, params, grad), exact, strict=True):
-        assert a.dtype == e.dtype
+    exact_out = mlp64(norm64(x64))
+    exact = [exact_out, *_grads(exact_out, x64, [*norm64.parameters(), *mlp64.parameters()], grad.double())]
+    actuals = [actual, *_grads(actual, x, params, grad)]
+    expecteds = [expected, *_grads(expected, x, params, grad)]
+    for name, a, e, ex in zip(["out", "x", *_NAMES], actuals, expecteds, exact, strict=True):
+        assert a.dtype == e.dtype, name
         op_error, modules_error = (a.double() - ex).norm() / ex.norm(), (e.double() - ex).norm() / ex.norm()
-        assert op_error <= 1.5 * modules_error + 1e-7, (op_error.item(), modules_error.item())
+        assert op_error <= 2.5 * modules_error + 1e-6, (name, op_error.item(), modules_error.item())
 
 
 def count_parts(monkeypatch) -> list[int]:
