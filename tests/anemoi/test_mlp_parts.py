@@ -106,10 +106,11 @@ def test_backward_is_deterministic_and_runs_part_by_part(monkeypatch, device):
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
 
-def test_the_op_passes_torch_s_op_checks(device):
-    norm, mlp = _modules(device)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # torch's LayerNorm, then gtnorm's kernels
+def test_the_op_passes_torch_s_op_checks(dtype, device):
+    norm, mlp = _modules(device, dtype)
     first, _, second = mlp.mlp
-    x = torch.randn(23, CHANNELS, dtype=torch.float64, device=device, requires_grad=True)
+    x = torch.randn(23, CHANNELS, dtype=dtype, device=device, requires_grad=True)
     args = (x, norm.weight, norm.bias, first.weight, first.bias, second.weight, second.bias, 7, norm.eps, "none", None)
     torch.library.opcheck(torch.ops.gtnorm.mlp_in_parts.default, args)
 
