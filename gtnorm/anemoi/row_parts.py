@@ -6,8 +6,9 @@ the decoder's output head (LayerNorm, Linear). Run in checkpointed parts, that w
 each part runs again in its own backward. Under the mapper's own checkpoint (Anemoi's, non-reentrant) the MLP's
 parts cost no extra forward in eager mode: the chunk's recomputation stops once the parts' inputs are made (torch's
 non-reentrant checkpoints stop early), so each part runs twice, as without parts (the output head, the chunk's
-last work, may run parts once more). Compiled, the block's graph recomputes its parts in its backward: one more
-forward of the MLP. benchmarks/NOTES.md, v28.
+last work, may run parts once more). benchmarks/NOTES.md, v28. Compiled, the block's graph would recompute the
+parts in its backward and inductor schedules them together (every part's tensors alive at once, v30): the mapper
+block runs an MLP of the default config's form as one op instead (mlp_parts.py), other MLPs here.
 """
 
 from __future__ import annotations
