@@ -1,11 +1,13 @@
-"""Where the whole model's training step goes, Anemoi against gtnorm: per module (forward of the encoder,
+"""Where the whole model's training step goes, one variant per process: per module (forward of the encoder,
 processor and decoder; the backward, recomputation included, as the rest of the step) and per kind of GPU work
-(GEMMs, attention, norms, fused element-wise, indexing and copies, other), with host time beside GPU time.
+(GEMMs, attention, norms, fused element-wise, indexing and copies, other) of the step and of inference, and their
+difference (what the backward and the recomputation add), with host time beside GPU time.
 
-    python -m benchmarks.model.profile --graph o320_r6 --norm layer --variants anemoi/blocks gtnorm/blocks
+    python -m benchmarks.model.profile --graph o800_r7 --mapper-chunks 4 --variant anemoi/blocks
+    python -m benchmarks.model.profile --graph o800_r7 --mapper-chunks 4 --variant gtnorm/blocks
 
 What recomputation under checkpointing costs is the step of a variant with ``/nockpt`` (the processor not
-checkpointed) against the same variant checkpointed: run both here. Needs a CUDA device.
+checkpointed) against the same variant checkpointed: run both. Needs a CUDA device.
 """
 
 from __future__ import annotations
@@ -13,14 +15,11 @@ from __future__ import annotations
 import argparse
 import time
 from collections import defaultdict
-from dataclasses import replace
 
 import torch
 
 from benchmarks.graphs.measure import clear_grads
-from benchmarks.model.config import DataSpec, ModelSpec
-from benchmarks.model.graph import MODEL_GRAPHS, build_model_graph
-from benchmarks.model.run import DTYPES, Case, Variant
+from benchmarks.model.run import Case, add_case_arguments, case_of_arguments
 
 # Kernel name fragments -> kind of work; the first match wins, in this order.
 KINDS = (
@@ -75,15 +74,30 @@ class ForwardTimer:
             handle.remove()
 
 
+def kernel_times(call, steps: int) -> tuple[dict[str, float], dict[str, float]]:
+    """GPU ms per call of ``call``: by kind of work, and by kernel."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            call()
+        torch.cuda.synchronize()
+    kinds, kernels = defaultdict(float), defaultdict(float)
+    for event in prof.key_averages():
+        if event.device_time_total > 0:
+            kinds[kind_of(event.key)] += event.device_time_total / steps / 1e3
+            kernels[event.key] += event.device_time_total / steps / 1e3
+    return dict(kinds), dict(kernels)
+
+
 def profile_case(case: Case, steps: int) -> dict:
-    """Per-step means of: wall, host (calls returned), forward per module, GPU time per kind of work."""
+    """Per-call means of: the step's wall and host time (calls returned), its forward per module, GPU time per
+    kind of work and per kernel of the step and of inference."""
 
     def step():
         clear_grads(case.leaves)
         case.train()
 
-    for _ in range(2):
-        step()
+    for call in (step, step, case.infer, case.infer):
+        call()
     torch.cuda.synchronize()
     timer = ForwardTimer(case.model)
     forward = defaultdict(float)
@@ -96,52 +110,47 @@ def profile_case(case: Case, steps: int) -> dict:
             forward[name] += ms / steps
         wall += time.perf_counter() - start
     timer.remove()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    kinds, top = defaultdict(float), defaultdict(float)
-    for event in prof.key_averages():
-        if event.device_time_total > 0:
-            kinds[kind_of(event.key)] += event.device_time_total / steps / 1e3
-            top[event.key] += event.device_time_total / steps / 1e3
+    step_kinds, step_kernels = kernel_times(step, steps)
+    infer_kinds, infer_kernels = kernel_times(case.infer, steps)
     return {
         "wall_ms": 1e3 * wall / steps,
         "host_ms": 1e3 * host / steps,
         "forward_ms": dict(forward),
-        "gpu_ms_by_kind": dict(kinds),
-        "top_kernels": sorted(top.items(), key=lambda item: -item[1])[:12],
+        "step_by_kind": step_kinds,
+        "inference_by_kind": infer_kinds,
+        "step_kernels": step_kernels,
+        "inference_kernels": infer_kernels,
     }
+
+
+def format_profile(name: str, p: dict, top: int = 15) -> str:
+    """The profile as text: kinds of work for the step, inference and their difference; the step's top kernels."""
+    step, infer = sum(p["step_by_kind"].values()), sum(p["inference_by_kind"].values())
+    forward = " ".join(f"{k} {v:.1f}" for k, v in p["forward_ms"].items())
+    lines = [
+        f"{name}: step wall {p['wall_ms']:.1f}, host {p['host_ms']:.1f}, GPU kernels {step:.1f} (inference "
+        f"{infer:.1f}); forward: {forward}, backward+recompute+rest {p['wall_ms'] - sum(p['forward_ms'].values()):.1f}",
+        f"    {'GPU ms by kind':32s} {'step':>8s} {'inference':>10s} {'step - inference':>17s}",
+    ]
+    kinds = sorted(p["step_by_kind"], key=lambda kind: -p["step_by_kind"][kind])
+    for kind in kinds + sorted(set(p["inference_by_kind"]) - set(kinds)):
+        s, i = p["step_by_kind"].get(kind, 0.0), p["inference_by_kind"].get(kind, 0.0)
+        lines.append(f"    {kind:32s} {s:8.1f} {i:10.1f} {s - i:17.1f}")
+    lines.append(f"    {'total':32s} {step:8.1f} {infer:10.1f} {step - infer:17.1f}")
+    lines.append("    step's top kernels (ms, of which inference):")
+    for key, ms in sorted(p["step_kernels"].items(), key=lambda item: -item[1])[:top]:
+        lines.append(f"      {ms:8.2f} {p['inference_kernels'].get(key, 0.0):8.2f}  {kind_of(key)[:12]:12s} {key[:90]}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.model.profile", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--graph", choices=list(MODEL_GRAPHS), default="o320_r6")
-    parser.add_argument("--norm", choices=("layer", "off"), default="layer")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="fp16")
-    parser.add_argument("--variants", nargs="+", default=["anemoi/blocks", "gtnorm/blocks"])
+    add_case_arguments(parser)
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("benchmarks.model.profile needs a CUDA device")
-    device, data = torch.device("cuda"), DataSpec()
-    spec = replace(ModelSpec(), qk_norm=args.norm == "layer")
-    graph = build_model_graph(args.graph)
-    print(f"## {args.graph}, QK norm {args.norm}, {args.dtype}: per training step (ms)")
-    for name in args.variants:
-        torch._dynamo.reset()
-        case = Case(Variant.parse(name), spec, data, graph, DTYPES[args.dtype], device)
-        p = profile_case(case, args.steps)
-        gpu = sum(p["gpu_ms_by_kind"].values())
-        forward = " ".join(f"{k} {v:.1f}" for k, v in p["forward_ms"].items())
-        print(f"{name}: wall {p['wall_ms']:.1f}, host {p['host_ms']:.1f}, GPU kernels {gpu:.1f}; forward: {forward}, "
-              f"backward+recompute+rest {p['wall_ms'] - sum(p['forward_ms'].values()):.1f}")  # fmt: skip
-        for kind, ms in sorted(p["gpu_ms_by_kind"].items(), key=lambda item: -item[1]):
-            print(f"    {kind:32s} {ms:8.1f} ({100 * ms / gpu:4.1f} %)")
-        for key, ms in p["top_kernels"]:
-            print(f"      {ms:8.2f}  {key[:100]}")
-        del case
-        torch.cuda.empty_cache()
+    case = case_of_arguments(args, "benchmarks.model.profile")
+    print(f"## {args.graph}, QK norm {args.norm}, {args.dtype}, {args.mapper_chunks} mapper chunks: per call (ms)")
+    print(format_profile(args.variant, profile_case(case, args.steps)), flush=True)
 
 
 if __name__ == "__main__":

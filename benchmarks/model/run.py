@@ -76,7 +76,8 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # static: torch.compile keeps every size static (automatic_dynamic_shapes off, the limit raised to 64: one graph per
 # chunk size; --isolate too); mlpckpt: gtnorm's mappers run the row-wise work on their destinations in checkpointed
 # parts of NODE_CHUNK_ROWS rows (their node_chunk_rows); efused: gtnorm's lin_edge fused into the kernels on every
-# graph of 200k edges or more (the decoder's too, which config.edge_projection_pays materialises).
+# graph of 200k edges or more (the decoder's too, which config.edge_projection_pays materialises below 2^31 feature
+# elements).
 OPTIONS = ("nockpt", "efull", "limit64", "static", "mlpckpt", "efused")
 PROCESS_OPTIONS = ("limit64", "static", "efused")  # set for the whole process
 NODE_CHUNK_ROWS = 2**17

@@ -141,7 +141,7 @@ def fuses_edge_projection(
         return True
     heads, channels = query.shape[1:]
     extended_dim = extended_dim_of(edge_features, edge_bias)
-    if not edge_projection_pays(layout.num_edges, layout.num_dst, kind):
+    if not edge_projection_pays(layout.num_edges, layout.num_dst, kind, heads * channels):
         return False
     if edge_projection_fits(heads, channels, extended_dim, query.device):
         return True

@@ -230,11 +230,19 @@ def attention_launch_config(
 _PROJECTION_MIN_DEGREE = 6.0
 _PROJECTION_MIN_EDGES = 200_000
 _PROJECTION_MIN_EDGES_LOW_DEGREE = 1_000_000  # below the degree: only without a norm, on graphs this large
+# Edge features this large (elements, 4 GiB in bf16) are never materialised, whatever the speed: there memory decides
+# whether a model fits. An O1280 decoder chunk at the yaml's 4 mapper chunks would hold 5.1 G elements (9.4 GiB);
+# fused, the O1280 4-chunk step trains on an 80 GB H100. At O800 (2.0 G elements a chunk, just below) fusing the
+# decoder cost 1.9 % of the compiled step for 3.3 GiB less peak (H200, benchmarks/NOTES.md v31): there speed wins.
+_PROJECTION_MAX_MATERIALISED = 2**31
 
 
-def edge_projection_pays(num_edges: int, num_dst: int, norm: str | None) -> bool:
-    """Whether the fused edge projection is measured to beat forming the edge features with a matmul and running
-    the attention on them, for a graph of these sizes and a QK norm (None, "rms", "layer")."""
+def edge_projection_pays(num_edges: int, num_dst: int, norm: str | None, row_elements: int) -> bool:
+    """Whether the fused edge projection is measured to beat forming the edge features (``row_elements`` = H * C
+    per edge) with a matmul and running the attention on them, for a graph of these sizes and a QK norm (None,
+    "rms", "layer"); and always where those features would take _PROJECTION_MAX_MATERIALISED elements or more."""
+    if num_edges * row_elements >= _PROJECTION_MAX_MATERIALISED:
+        return True
     if num_edges < _PROJECTION_MIN_EDGES:
         return False
     if num_edges >= _PROJECTION_MIN_DEGREE * max(num_dst, 1):

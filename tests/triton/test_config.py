@@ -100,7 +100,11 @@ def test_walk_warps_grow_with_wide_heads():
         (169_420, 10_242, None, False),  # O160 -> level-5 encoder
         (1_263_360, 421_120, "layer", False),  # level-6 -> O320 decoder: 3 edges per node, with a norm
         (1_263_360, 421_120, None, True),  # the same without a norm
+        (1_941_600, 647_200, "layer", False),  # level-7 -> O800 decoder, one of 4 chunks: 2.0 G feature elements
+        (4_951_680, 1_650_560, "layer", True),  # level-7 -> O1280 decoder, one of 4 chunks: 5.1 G, never stored
+        (2_097_152, 699_051, "rms", True),  # exactly 2^31 feature elements
+        (2_097_151, 699_051, "rms", False),
     ],
 )
 def test_edge_projection_rule(num_edges, num_dst, norm, fused):
-    assert edge_projection_pays(num_edges, num_dst, norm) is fused
+    assert edge_projection_pays(num_edges, num_dst, norm, row_elements=16 * 64) is fused

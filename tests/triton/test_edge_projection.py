@@ -170,7 +170,7 @@ def test_dispatch_rule_materialises_low_degree_graphs_with_a_norm():
     with a norm it forms e itself, and the result is the same function (float32, against float64)."""
     graph = make_graph("decoder_like")
     layout = layout_of(graph)
-    assert not gtnorm.triton.config.edge_projection_pays(layout.num_edges, layout.num_dst, "rms")
+    assert not gtnorm.triton.config.edge_projection_pays(layout.num_edges, layout.num_dst, "rms", 2 * 8)
     inputs = make_inputs(graph, 2, 8, 3, qk_norm=True)
     grad_out = torch.randn(graph.num_dst, 2, 8, dtype=torch.float64)
     ref_out, ref_grads = run_reference(leaf_copies(inputs, torch.float64, "cpu"), graph, grad_out, True)
