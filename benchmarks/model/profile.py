@@ -96,8 +96,8 @@ def profile_case(case: Case, steps: int) -> dict:
         clear_grads(case.leaves)
         case.train()
 
-    # The step before any inference call: a block that compiles anew for inference can use up torch's recompile
-    # limit and run part of the step eager afterwards (Anemoi's processor at O800: 1,898 against 1,711 ms).
+    # The step before any inference call: inference compiles blocks anew and can use up torch's recompile limit
+    # (Anemoi's blocks at O800, profiled after inference: a 1,898 ms step against the benchmark's 1,711).
     for _ in range(2):
         step()
     torch.cuda.synchronize()
