@@ -39,6 +39,7 @@ from torch import Tensor
 
 from gtnorm.anemoi.block import GraphTransformerMapperBlock, convert_blocks
 from gtnorm.anemoi.row_parts import in_checkpointed_parts
+from gtnorm.anemoi.source_rows import gather_source_rows, source_positions
 from gtnorm.triton.layout_cache import cached_graph_value
 
 
@@ -49,6 +50,7 @@ class _Chunk:
     edge_index: Tensor  # [2, M_chunk], destinations and sources relabelled to the chunk's
     edge_version: int  # edge_index's version counter when made: a write into it since, and it is made again
     src_ids: Tensor | None  # [N_src_chunk]: the chunk's sources in the mapper's numbering; None: all, in order
+    src_positions: Tensor | None  # [N_src]: each source's row in the chunk (source_rows.py); None with src_ids
 
     def unwritten(self) -> bool:
         """Whether edge_index still holds what was made (a caller's in-place write would bump its version)."""
@@ -71,8 +73,10 @@ def _make_chunk(partition: GraphPartition, partition_id: int, edge_index: Tensor
         dst_start = partition._get_dst_range(partition_id).start
         src_ids, src_local = torch.unique(edge_index[0, edges], sorted=True, return_inverse=True)
         chunk = torch.stack([src_local.to(edge_index.dtype), edge_index[1, edges] - dst_start])
-    # Sorted distinct ids in [0, num_src): all of them only if they are 0, 1, ..., num_src - 1.
-    return _Chunk(chunk, chunk._version, None if src_ids.numel() == num_src else src_ids)
+        # Sorted distinct ids in [0, num_src): all of them only if they are 0, 1, ..., num_src - 1.
+        if src_ids.numel() == num_src:
+            return _Chunk(chunk, chunk._version, None, None)
+        return _Chunk(chunk, chunk._version, src_ids, source_positions(src_ids, num_src))
 
 
 @dataclass(frozen=True)
@@ -100,14 +104,18 @@ class _CachedChunkPartition(GraphPartition):
         """materialise with the chunk's destination rows given (x_dst_chunk: [N_dst_chunk, C])."""
         # Tensor slicing alone where the chunks were made with the partition: torch.compile traces it.
         chunk = self.chunks[partition_id] if self.chunks is not None else _chunk(self, partition_id, edge_index, x_src)
-        x_src_chunk = x_src if chunk.src_ids is None else x_src[chunk.src_ids]
+        x_src_chunk = _chunk_sources(x_src, chunk)
         cond_chunk = None
         if cond is not None:
             cond_src, cond_dst = cond
             cond_dst_chunk = cond_dst[self._get_dst_range(partition_id)]
-            cond_chunk = (cond_src if chunk.src_ids is None else cond_src[chunk.src_ids], cond_dst_chunk)
+            cond_chunk = (_chunk_sources(cond_src, chunk), cond_dst_chunk)
         edge_attr_chunk = edge_attr[self._get_edge_range(partition_id)]
         return (x_src_chunk, x_dst_chunk), edge_attr_chunk, chunk.edge_index, cond_chunk
+
+
+def _chunk_sources(x_src: Tensor, chunk: _Chunk) -> Tensor:  # [N_src, ...] -> [N_src_chunk, ...]
+    return x_src if chunk.src_ids is None else gather_source_rows(x_src, chunk.src_ids, chunk.src_positions)
 
 
 class _SplitDestinations:

@@ -171,3 +171,27 @@ def test_destinations_split_once_give_anemoi_s_gradients_without_full_size_ones(
     for mine, theirs in zip([*ours.input_grads, *ours.param_grads.values()],
                             [*anemoi_s.input_grads, *anemoi_s.param_grads.values()], strict=True):  # fmt: skip
         assert (mine is None and theirs is None) or torch.equal(mine, theirs)
+
+
+def test_chunks_gather_their_sources_with_gathered_gradients(device, monkeypatch):
+    """A chunk that drops sources takes them through source_rows.gather_source_rows (its backward a gather, not
+    torch's sorting index backward) with each source's position in the chunk, and its gradient is Anemoi's."""
+    calls = []
+    gather = gtnorm_mapper.gather_source_rows
+    monkeypatch.setattr(gtnorm_mapper, "gather_source_rows", lambda *a: calls.append(a) or gather(*a))
+    edge_index = torch.tensor([[3, 1, 1, 0, 2, 3], [0, 0, 1, 2, 2, 3]], device=device)
+    partition = gtnorm_mapper._prepared_partition(edge_index, 2, (5, 4))
+    x_src = torch.randn(5, 2, device=device, requires_grad=True)
+    x = (x_src, torch.randn(4, 2, device=device))
+    edge_attr = torch.randn(6, 1, device=device)
+    anemoi_partition = GraphPartition(*gtnorm_mapper._fields(partition))
+    ours = torch.cat([partition.materialise(part, x, edge_attr, edge_index)[0][0] for part in range(2)])
+    x_theirs = x_src.detach().clone().requires_grad_()
+    theirs = torch.cat(
+        [anemoi_partition.materialise(part, (x_theirs, x[1]), edge_attr, edge_index)[0][0] for part in range(2)]
+    )
+    grad = torch.randn_like(ours)
+    ours.backward(grad)
+    theirs.backward(grad)
+    assert len(calls) == 2 and torch.equal(x_src.grad, x_theirs.grad)
+    assert [chunk.src_positions.tolist() for chunk in partition.chunks] == [[2, 0, 2, 1, 2], [0, 3, 1, 2, 3]]
