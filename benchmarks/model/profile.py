@@ -13,13 +13,15 @@ checkpointed) against the same variant checkpointed: run both. Needs a CUDA devi
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
 from benchmarks.graphs.measure import clear_grads
-from benchmarks.model.run import Case, add_case_arguments, case_of_arguments
+from benchmarks.model.run import Case, add_case_arguments, case_of_arguments, git_commit
 
 # Kernel name fragments -> kind of work; the first match wins, in this order.
 KINDS = (
@@ -151,10 +153,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.model.profile", description=__doc__.split("\n\n")[0])
     add_case_arguments(parser)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="also write the profile, every kernel's time, as JSON")
     args = parser.parse_args(argv)
     case = case_of_arguments(args, "benchmarks.model.profile")
     print(f"## {args.graph}, QK norm {args.norm}, {args.dtype}, {args.mapper_chunks} mapper chunks: per call (ms)")
-    print(format_profile(args.variant, profile_case(case, args.steps)), flush=True)
+    profile = profile_case(case, args.steps)
+    print(format_profile(args.variant, profile), flush=True)
+    if args.out is not None:
+        meta = {name: getattr(args, name) for name in ("graph", "norm", "dtype", "mapper_chunks", "variant", "steps")}
+        meta |= {"device": torch.cuda.get_device_name(), "commit": git_commit()}
+        args.out.write_text(json.dumps({"meta": meta, **profile}, indent=1))
 
 
 if __name__ == "__main__":
