@@ -3,7 +3,8 @@ sets (``x``: latitude, longitude in radians) and the encoder, processor and deco
 config's attributes ``edge_length`` [M, 1] and ``edge_dirs`` [M, 2].
 
 Edges come from benchmarks/graphs (the cached catalog graphs: cutoff encoder, multi-scale processor, 3-nearest
-decoder). The attributes follow anemoi-graphs' definitions as its default graph config sets them up: the
+decoder), their hidden nodes renumbered in the order anemoi-graphs gives them (latitude_order; before v31 of
+benchmarks/NOTES.md the model's rows ran on the refinement's order, in which a mapper chunk spans the globe). The attributes follow anemoi-graphs' definitions as its default graph config sets them up: the
 great-circle length of each edge scaled to a maximum of 1 ("unit-max"), and the direction from the destination
 to the source in the destination's local east/north frame scaled to unit standard deviation ("unit-std"). Their
 values do not change what a step costs; their widths (1 + 2, plus the trainable parameters) do.
@@ -57,7 +58,11 @@ def build_model_graph(name: str, verbose: bool = False) -> HeteroData:
     hidden->hidden, hidden->data."""
     grid, level = MODEL_GRAPHS[name]
     data_xyz = grids.octahedral_grid(grid)
-    hidden_xyz = grids.icosahedral_mesh(level).vertices
+    refinement_xyz = grids.icosahedral_mesh(level).vertices
+    hidden_order = latitude_order(_latlon(refinement_xyz))
+    hidden_xyz = refinement_xyz[hidden_order]
+    hidden_id = np.empty(len(hidden_order), dtype=np.int64)  # refinement order -> the graph's numbering
+    hidden_id[hidden_order] = np.arange(len(hidden_order))
     graph = HeteroData()
     graph["data"].x = torch.from_numpy(_latlon(data_xyz).astype(np.float32))
     graph["hidden"].x = torch.from_numpy(_latlon(hidden_xyz).astype(np.float32))
@@ -68,12 +73,24 @@ def build_model_graph(name: str, verbose: bool = False) -> HeteroData:
         ("hidden", "data"): GraphSpec(kind="decoder", grid=grid, level=level),
     }
     for (src, dst), spec in parts.items():
-        bench = _edges(spec, verbose)
+        edge_index = _edges(spec, verbose).edge_index.numpy().copy()  # the loaded graph may be cached
+        for row, side in enumerate((src, dst)):
+            if side == "hidden":
+                edge_index[row] = hidden_id[edge_index[row]]
+        edge_index = edge_index[:, np.lexsort((edge_index[0], edge_index[1]))]  # by destination, then source
         edges = graph[(src, "to", dst)]
-        edges.edge_index = bench.edge_index
-        for key, value in edge_attributes(nodes[src], nodes[dst], bench.edge_index.numpy()).items():
+        edges.edge_index = torch.from_numpy(np.ascontiguousarray(edge_index))
+        for key, value in edge_attributes(nodes[src], nodes[dst], edge_index).items():
             edges[key] = value
     return graph
+
+
+def latitude_order(latlon: np.ndarray) -> np.ndarray:  # [N, 2] radians -> [N]
+    """The order anemoi-graphs gives a refined icosahedron's nodes: north to south, then by longitude, descending.
+    It decides what a mapper chunk holds: a chunk is a range of destinations, so in refinement order an encoder
+    chunk's hidden nodes lie all over the globe and reach 34-39 % of the grid's nodes each (1.4x the grid over 4
+    chunks), in this order a latitude band reaches 25 % (benchmarks/NOTES.md v31)."""
+    return np.lexsort((-latlon[:, 1], -latlon[:, 0]))
 
 
 def _edges(spec: GraphSpec, verbose: bool) -> BenchGraph:
