@@ -4,10 +4,11 @@ config's attributes ``edge_length`` [M, 1] and ``edge_dirs`` [M, 2].
 
 Edges come from benchmarks/graphs (the cached catalog graphs: cutoff encoder, multi-scale processor, 3-nearest
 decoder), their hidden nodes renumbered in the order anemoi-graphs gives them (latitude_order; before v31 of
-benchmarks/NOTES.md the model's rows ran on the refinement's order, in which a mapper chunk spans the globe). The attributes follow anemoi-graphs' definitions as its default graph config sets them up: the
-great-circle length of each edge scaled to a maximum of 1 ("unit-max"), and the direction from the destination
-to the source in the destination's local east/north frame scaled to unit standard deviation ("unit-std"). Their
-values do not change what a step costs; their widths (1 + 2, plus the trainable parameters) do.
+benchmarks/NOTES.md the model's rows ran on the refinement's order, in which a mapper chunk spans the globe).
+The attributes follow anemoi-graphs' definitions as its default graph config sets them up: the great-circle
+length of each edge scaled to a maximum of 1 ("unit-max"), and the direction from the destination to the source
+in the destination's local east/north frame scaled to unit standard deviation ("unit-std"). Their values do not
+change what a step costs; their widths (1 + 2, plus the trainable parameters) do.
 """
 
 from __future__ import annotations
