@@ -90,9 +90,25 @@ def kernel_times(call, steps: int) -> tuple[dict[str, float], dict[str, float]]:
     return dict(kinds), dict(kernels)
 
 
+def op_times(call, steps: int, top: int = 40) -> list[tuple[str, str, float]]:
+    """The torch ops whose own kernels take the most GPU time per call of ``call``, by input shapes: (op, shapes,
+    ms). Kernels name no tensor; the op that launched them does (inductor's and gtnorm's launches have no op)."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        for _ in range(steps):
+            call()
+        torch.cuda.synchronize()
+    ops = [
+        (event.key, str(event.input_shapes), event.self_device_time_total / steps / 1e3)
+        for event in prof.key_averages(group_by_input_shape=True)
+        if event.key.startswith("aten::") and event.self_device_time_total > 0
+    ]
+    return sorted(ops, key=lambda op: -op[2])[:top]
+
+
 def profile_case(case: Case, steps: int) -> dict:
     """Per-call means of: the step's wall and host time (calls returned), its forward per module, GPU time per
-    kind of work and per kernel of the step and of inference."""
+    kind of work and per kernel of the step and of inference, and the step's torch ops with the most GPU time."""
 
     def step():
         clear_grads(case.leaves)
@@ -115,6 +131,7 @@ def profile_case(case: Case, steps: int) -> dict:
         wall += time.perf_counter() - start
     timer.remove()
     step_kinds, step_kernels = kernel_times(step, steps)
+    step_ops = op_times(step, steps)
     for _ in range(2):
         case.infer()
     infer_kinds, infer_kernels = kernel_times(case.infer, steps)
@@ -126,6 +143,7 @@ def profile_case(case: Case, steps: int) -> dict:
         "inference_by_kind": infer_kinds,
         "step_kernels": step_kernels,
         "inference_kernels": infer_kernels,
+        "step_ops": step_ops,
     }
 
 
@@ -146,6 +164,9 @@ def format_profile(name: str, p: dict, top: int = 15) -> str:
     lines.append("    step's top kernels (ms, of which inference):")
     for key, ms in sorted(p["step_kernels"].items(), key=lambda item: -item[1])[:top]:
         lines.append(f"      {ms:8.2f} {p['inference_kernels'].get(key, 0.0):8.2f}  {kind_of(key)[:12]:12s} {key[:90]}")
+    if p.get("step_ops"):
+        lines.append("    step's top torch ops by their kernels' GPU time (ms, input shapes):")
+        lines += [f"      {ms:8.2f}  {op} {shapes[:100]}" for op, shapes, ms in p["step_ops"][:top]]
     return "\n".join(lines)
 
 

@@ -31,6 +31,7 @@ def test_format_gives_the_backward_as_step_minus_inference():
         "inference_by_kind": {"GEMM": 4.0, "attention": 3.0, "other": 0.5},
         "step_kernels": {"sm90_gemm": 12.0, "_gt_bwd_src_pass": 5.0, "_gt_fwd": 3.0},
         "inference_kernels": {"sm90_gemm": 4.0, "_gt_fwd": 3.0},
+        "step_ops": [("aten::index_select", "[[5, 208], [], [3]]", 1.5)],
     }
     text = format_profile("anemoi/blocks", profile)
     rows = {line.split()[0]: line.split()[1:] for line in text.splitlines()[2:5]}
@@ -39,6 +40,7 @@ def test_format_gives_the_backward_as_step_minus_inference():
     assert rows["other"] == ["0.0", "0.5", "-0.5"]
     assert "total" in text and "20.0" in text and "7.5" in text and "12.5" in text
     assert "backward+recompute+rest 21.0" in text
+    assert text.splitlines()[-1].split() == ["1.50", "aten::index_select", "[[5,", "208],", "[],", "[3]]"]
 
 
 def test_needs_cuda(monkeypatch):
