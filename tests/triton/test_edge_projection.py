@@ -8,6 +8,7 @@ own error (x 1.5, + 1e-3) for 16-bit ones.
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ import torch
 import gtnorm
 from gtnorm import _runtime
 from gtnorm.nn.reference import reference_graph_transformer_attention
+from gtnorm.triton.attention import fuses_edge_projection
 from gtnorm.triton.config import attention_launch_config
 from tests.conftest import DEVICE, HAS_CUDA
 from tests.graphs import SmallGraph, draw_seed, key_bias_error, make_graph, rel_error
@@ -455,3 +457,14 @@ def test_bad_input_raises_before_launch(case, monkeypatch):
     kwargs.update(layout=layout_of(graph), edge_attr=None)
     change(kwargs)
     assert_refused_before_launch(kwargs, exc, fragment, monkeypatch)
+
+
+@pytest.mark.parametrize("heads, channels, fused", [(16, 64, True), (4, 32, False)])
+def test_dispatch_fuses_where_the_features_would_pass_2_to_the_31(heads, channels, fused):
+    """The op's dispatch hands the rule H * C: an O1280 decoder chunk's 4.95M edges at 16 x 64 would materialise
+    5.1 G feature elements and are fused; at 4 x 32 (0.6 G) the low-degree rule materialises them. Sizes only: the
+    layout and tensors stand in (no kernel runs)."""
+    layout = types.SimpleNamespace(num_edges=4_951_680, num_dst=1_650_560)
+    query = torch.empty(1, heads, channels)
+    edge_features = torch.empty(1, 11)
+    assert fuses_edge_projection(query, edge_features, None, layout, "layer") is fused
