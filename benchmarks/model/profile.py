@@ -170,12 +170,40 @@ def format_profile(name: str, p: dict, top: int = 15) -> str:
     return "\n".join(lines)
 
 
+def format_comparison(profiles: dict[str, dict]) -> str:
+    """Two or more saved profiles (--out), side by side: the step's GPU ms by kind of work, and by kernel where
+    the first and the last differ most."""
+    names = list(profiles)
+    first, last = profiles[names[0]], profiles[names[-1]]
+    header = "".join(f" {name[:18]:>18s}" for name in names)
+    lines = [f"    {'step GPU ms by kind':32s}{header}"]
+    kinds = sorted(
+        {kind for p in profiles.values() for kind in p["step_by_kind"]}, key=lambda k: -first["step_by_kind"].get(k, 0)
+    )
+    for kind in kinds + ["total"]:
+        cells = [
+            sum(p["step_by_kind"].values()) if kind == "total" else p["step_by_kind"].get(kind, 0.0)
+            for p in profiles.values()
+        ]
+        lines.append(f"    {kind:32s}" + "".join(f" {ms:18.1f}" for ms in cells))
+    kernels = set(first["step_kernels"]) | set(last["step_kernels"])
+    change = {key: last["step_kernels"].get(key, 0.0) - first["step_kernels"].get(key, 0.0) for key in kernels}
+    lines.append(f"    kernels that differ most, {names[-1]} - {names[0]} (ms):")
+    for key in sorted(change, key=lambda key: -abs(change[key]))[:15]:
+        lines.append(f"      {change[key]:+8.2f}  {kind_of(key)[:12]:12s} {key[:90]}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.model.profile", description=__doc__.split("\n\n")[0])
     add_case_arguments(parser)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="also write the profile, every kernel's time, as JSON")
+    parser.add_argument("--compare", type=Path, nargs="+", help="print saved profiles (--out) side by side; no GPU")
     args = parser.parse_args(argv)
+    if args.compare:
+        print(format_comparison({path.stem: json.loads(path.read_text()) for path in args.compare}))
+        return
     case = case_of_arguments(args, "benchmarks.model.profile")
     print(f"## {args.graph}, QK norm {args.norm}, {args.dtype}, {args.mapper_chunks} mapper chunks: per call (ms)")
     profile = profile_case(case, args.steps)

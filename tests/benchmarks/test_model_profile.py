@@ -1,6 +1,8 @@
 """benchmarks.model.profile's bookkeeping on the CPU: kernels sorted into kinds, and the step, inference and their
 difference per kind as printed (the profiling itself needs CUDA)."""
 
+import json
+
 import pytest
 
 from benchmarks.model.profile import format_profile, kind_of, main
@@ -47,3 +49,25 @@ def test_needs_cuda(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         main(["--graph", "o96_r5"])
+
+
+def test_compare_prints_saved_profiles_side_by_side(tmp_path, capsys):
+    """--compare reads profiles written by --out and needs no GPU: kinds side by side, kernels by their change."""
+    anemoi = {
+        "step_by_kind": {"GEMM": 10.0, "attention": 4.0},
+        "step_kernels": {"sm90_gemm": 10.0, "_gt_bwd_dst_pass": 4.0},
+    }
+    gtnorm = {
+        "step_by_kind": {"GEMM": 9.0, "attention": 6.0},
+        "step_kernels": {"sm90_gemm": 9.0, "graph_attention_x": 6.0},
+    }
+    paths = []
+    for name, profile in (("anemoi", anemoi), ("gtnorm", gtnorm)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps({"meta": {}, **profile}))
+    main(["--compare", *map(str, paths)])
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:4]}
+    assert rows == {"GEMM": ["10.0", "9.0"], "attention": ["4.0", "6.0"], "total": ["14.0", "15.0"]}
+    changes = [line.split()[:2] for line in lines[5:]]
+    assert changes == [["+6.00", "attention"], ["-4.00", "attention"], ["-1.00", "GEMM"]]
