@@ -25,7 +25,7 @@ MODES = ("default", "blocks", "whole")
 
 def build_model(side: str, spec: ModelSpec, data: DataSpec, graph, seed: int = 0) -> torch.nn.Module:
     """The side's AnemoiModelEncProcDec on the CPU, its parameters drawn from ``seed`` (the same on every side)."""
-    from anemoi.models.models.encoder_processor_decoder import AnemoiModelEncProcDec
+    from hydra.utils import get_class
 
     import gtnorm.anemoi
 
@@ -34,7 +34,7 @@ def build_model(side: str, spec: ModelSpec, data: DataSpec, graph, seed: int = 0
     config = model_config_module.model_config(spec, data, gtnorm_targets=side == "gtnorm_config")
     indices = model_config_module.data_indices(data)
     torch.manual_seed(seed)
-    model = AnemoiModelEncProcDec(
+    model = get_class(config.model.model._target_)(  # as anemoi-training instantiates it
         model_config=config,
         data_indices=indices,
         statistics={"data": None},

@@ -35,6 +35,7 @@ GTNORM_TARGETS = {
     "anemoi.models.layers.processor.GraphTransformerProcessor": "gtnorm.anemoi.GraphTransformerProcessor",
     "anemoi.models.layers.mapper.GraphTransformerForwardMapper": "gtnorm.anemoi.GraphTransformerForwardMapper",
     "anemoi.models.layers.mapper.GraphTransformerBackwardMapper": "gtnorm.anemoi.GraphTransformerBackwardMapper",
+    "anemoi.models.models.AnemoiModelEncProcDec": "gtnorm.anemoi.AnemoiModelEncProcDec",
 }
 
 
@@ -90,7 +91,7 @@ def _block_arguments(spec: ModelSpec, num_chunks: int) -> dict:
 
 def model_config(spec: ModelSpec = ModelSpec(), data: DataSpec = DataSpec(), gtnorm_targets: bool = False):
     """The config AnemoiModelEncProcDec is built from (``config.model``), resolved; ``gtnorm_targets``: with the
-    processor's and mappers' ``_target_`` switched to gtnorm's drop-ins (the config switch alone)."""
+    model's, processor's and mappers' ``_target_`` switched to gtnorm's drop-ins (the config switch alone)."""
     processor = {
         "_target_": "anemoi.models.layers.processor.GraphTransformerProcessor",
         **_block_arguments(spec, spec.processor_chunks),
@@ -108,12 +109,13 @@ def model_config(spec: ModelSpec = ModelSpec(), data: DataSpec = DataSpec(), gtn
     if gtnorm_targets:
         for entry in (processor, encoder, decoder):
             entry["_target_"] = GTNORM_TARGETS[entry["_target_"]]
+    model_class = "anemoi.models.models.AnemoiModelEncProcDec"
     model = {
         "num_channels": spec.num_channels,
         "cpu_offload": False,
         "keep_batch_sharded": True,
-        "model": {"_target_": "anemoi.models.models.AnemoiModelEncProcDec", "hidden_nodes_name": "hidden",
-                  "latent_skip": True},
+        "model": {"_target_": GTNORM_TARGETS[model_class] if gtnorm_targets else model_class,
+                  "hidden_nodes_name": "hidden", "latent_skip": True},
         "layer_kernels": {
             "LayerNorm": {"_target_": "torch.nn.LayerNorm"},
             "Linear": {"_target_": "torch.nn.Linear"},

@@ -54,9 +54,11 @@ from gtnorm.anemoi.block import GraphTransformerMapperBlock, GraphTransformerPro
 from gtnorm.anemoi.convert import use_gtnorm_attention  # noqa: E402
 from gtnorm.anemoi.graph_provider import StaticGraphProvider  # noqa: E402
 from gtnorm.anemoi.mapper import GraphTransformerBackwardMapper, GraphTransformerForwardMapper  # noqa: E402
+from gtnorm.anemoi.model import AnemoiModelEncProcDec  # noqa: E402
 from gtnorm.anemoi.processor import GraphTransformerProcessor  # noqa: E402
 
 __all__ = [
+    "AnemoiModelEncProcDec",
     "GraphTransformerBackwardMapper",
     "GraphTransformerForwardMapper",
     "GraphTransformerMapperBlock",

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from anemoi.models.layers import graph_provider as anemoi_graph_provider
 from anemoi.models.layers import mapper as anemoi_mapper
+from anemoi.models.models import encoder_processor_decoder as anemoi_model
 from torch import nn
 
-from gtnorm.anemoi import graph_provider, mapper
+from gtnorm.anemoi import graph_provider, mapper, model
 from gtnorm.anemoi.block import convert_blocks
 
 # Anemoi's classes -> gtnorm's subclasses that add methods only (no parameters, buffers or state_dict keys), so
-# that re-classing a built instance is complete.
+# that re-classing a built instance is complete (the model's plain attribute is set after re-classing).
 _GTNORM_CLASSES = {
     anemoi_mapper.GraphTransformerForwardMapper: mapper.GraphTransformerForwardMapper,
     anemoi_mapper.GraphTransformerBackwardMapper: mapper.GraphTransformerBackwardMapper,
     anemoi_graph_provider.StaticGraphProvider: graph_provider.StaticGraphProvider,
+    anemoi_model.AnemoiModelEncProcDec: model.AnemoiModelEncProcDec,
 }
 
 
@@ -27,6 +29,8 @@ def use_gtnorm_attention(module: nn.Module, graph_attention_backend: str | None 
       that the layers find their layouts with no host sync from the second step on
       (gtnorm/anemoi/graph_provider.py); the providers' node counts are read to the host here, once. Every
       graph-transformer mapper prepares its chunks once per graph, not every step (gtnorm/anemoi/mapper.py).
+    - An AnemoiModelEncProcDec adds its residual out of place: its backward needs no sorting index backward
+      (gtnorm/anemoi/model.py).
 
     Parameters, buffers and state_dict keys do not change (gtnorm's classes add none), so this works on a model
     built from any config or loaded from a checkpoint: ``use_gtnorm_attention(model, "triton")``.
@@ -39,6 +43,8 @@ def use_gtnorm_attention(module: nn.Module, graph_attention_backend: str | None 
         gtnorm_class = _GTNORM_CLASSES.get(type(part))
         if gtnorm_class is not None:
             part.__class__ = gtnorm_class
+        if isinstance(part, model.AnemoiModelEncProcDec):
+            part.check_residual_indices()
         if isinstance(part, graph_provider.StaticGraphProvider):
             graph_provider.base_node_counts(part.edge_inc)
     return module

@@ -29,6 +29,7 @@ output and parameter gradients are right; Anemoi's own decoder does the same (be
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from anemoi.models.distributed import khop_edges
@@ -38,6 +39,7 @@ from anemoi.models.layers import mapper as anemoi_mapper
 from torch import Tensor
 
 from gtnorm.anemoi.block import GraphTransformerMapperBlock, convert_blocks
+from gtnorm.anemoi.output_head import fits_output_head, output_head
 from gtnorm.anemoi.row_parts import in_checkpointed_parts
 from gtnorm.anemoi.source_rows import gather_source_rows, source_positions
 from gtnorm.triton.layout_cache import cached_graph_value
@@ -241,8 +243,9 @@ class GraphTransformerForwardMapper(_NodeChunkRows, _CachedChunks, anemoi_mapper
 
 class GraphTransformerBackwardMapper(_NodeChunkRows, _CachedChunks, anemoi_mapper.GraphTransformerBackwardMapper):
     """A drop-in for ``anemoi.models.layers.mapper.GraphTransformerBackwardMapper`` (the decoder, hidden -> data):
-    the same keyword arguments, state_dict keys and forward, with gtnorm's fused attention + QK norm. In a model
-    config: ``_target_: gtnorm.anemoi.GraphTransformerBackwardMapper``; ``node_chunk_rows``: see _NodeChunkRows.
+    the same keyword arguments, state_dict keys and forward, with gtnorm's fused attention + QK norm and its output
+    head (LayerNorm, Linear) as one op (output_head.py). In a model config:
+    ``_target_: gtnorm.anemoi.GraphTransformerBackwardMapper``; ``node_chunk_rows``: see _NodeChunkRows.
     """
 
     def __init__(
@@ -253,7 +256,9 @@ class GraphTransformerBackwardMapper(_NodeChunkRows, _CachedChunks, anemoi_mappe
         self.node_chunk_rows = node_chunk_rows
 
     def post_process(self, x_dst: Tensor) -> Tensor:  # [N_dst_chunk, C] -> [N_dst_chunk, C_out]
-        return in_checkpointed_parts(super().post_process, x_dst, self.node_chunk_rows)
+        head = self.node_data_extractor
+        fn = partial(output_head, head=head) if fits_output_head(head) else super().post_process
+        return in_checkpointed_parts(fn, x_dst, self.node_chunk_rows)
 
     def mapper_forward_with_edge_sharding(
         self, x, batch_size, shard_info, edge_attr, edge_index, model_comm_group=None, *args, **kwargs

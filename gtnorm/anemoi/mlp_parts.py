@@ -9,12 +9,9 @@ gradients' GEMMs after every part, feeding one fused sum. At O1280's decoder (1.
 another, each recomputed and freed before the next. Eager blocks keep row_parts.py's checkpointed parts, which the
 autograd engine already runs part by part.
 
-The op does what Anemoi's modules do under autocast: the LayerNorm's math in fp32, the Linears and the GELU in the
-autocast dtype, with torch's GEMM and GELU kernels. The LayerNorm is gtnorm's row kernel (gtnorm/layernorm/rows.py)
-where Triton runs and the input is fp16, bf16 or fp32: it reads a part and writes its output in the GEMMs' dtype
-once, where torch's under autocast copies the part to fp32, writes an fp32 output and casts it (forward and
-backward, three times a step per part); elsewhere (float64, a CPU without the interpreter) torch's, and the forward
-is then bitwise the modules'. The backward adds the parts' parameter gradients in a fixed order (deterministic).
+The op does what Anemoi's modules do under autocast: the LayerNorm's math in fp32 (row_norm.py: gtnorm's row kernel
+where Triton runs, writing its output in the GEMMs' dtype once), the Linears and the GELU in the autocast dtype, with
+torch's GEMM and GELU kernels. The backward adds the parts' parameter gradients in a fixed order (deterministic).
 """
 
 from __future__ import annotations
@@ -24,9 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from gtnorm._runtime import SUPPORTED_DTYPES, triton_can_run_on
+from gtnorm.anemoi.row_norm import RowNorm
 
-_NORM_DTYPE_UNDER_AUTOCAST = torch.float32  # torch's autocast runs layer_norm in fp32
 _PARAMS = 6  # norm weight and bias, weight1, bias1, weight2, bias2: the op's tensor inputs after x
 
 
@@ -58,33 +54,25 @@ def mlp_in_parts(x: Tensor, norm: nn.LayerNorm, mlp: nn.Module, rows: int) -> Te
 
 @dataclass(frozen=True)
 class _Weights:
-    """The op's parameters in the dtypes its GEMMs use (cast once a call, as autocast's cache does)."""
+    """The op's parameters in the dtypes its norm and GEMMs use (cast once a call, as autocast's cache does)."""
 
-    norm_weight: Tensor | None  # [C]
-    norm_bias: Tensor | None  # [C]
+    norm: RowNorm
     weight1: Tensor  # [C_hidden, C]
     bias1: Tensor | None  # [C_hidden]
     weight2: Tensor  # [C_out, C_hidden]
     bias2: Tensor | None  # [C_out]
-    eps: float
     approximate: str
-    norm_dtype: torch.dtype  # torch's LayerNorm's; the kernels' math is fp32
     dtype: torch.dtype  # the GEMMs' and the GELU's
-    kernels: bool  # the LayerNorm by gtnorm/layernorm's kernels (fp32 parameters), else by torch's
 
     @classmethod
     def of(cls, x, norm_weight, norm_bias, weight1, bias1, weight2, bias2, eps, approximate, autocast_dtype):
-        dtype = autocast_dtype or x.dtype
-        kernels = x.dtype in SUPPORTED_DTYPES and triton_can_run_on(x.device)
-        norm_dtype = _NORM_DTYPE_UNDER_AUTOCAST if autocast_dtype is not None or kernels else x.dtype
+        norm = RowNorm.of(x, norm_weight, norm_bias, eps, autocast_dtype)
+        dtype = norm.dtype
 
-        def cast(t, to):
-            return None if t is None else t.to(to)
+        def cast(t):
+            return None if t is None else t.to(dtype)
 
-        return cls(
-            cast(norm_weight, norm_dtype), cast(norm_bias, norm_dtype), weight1.to(dtype), cast(bias1, dtype),
-            weight2.to(dtype), cast(bias2, dtype), eps, approximate, norm_dtype, dtype, kernels,
-        )  # fmt: skip
+        return cls(norm, weight1.to(dtype), cast(bias1), weight2.to(dtype), cast(bias2), approximate, dtype)
 
 
 def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor | None = None) -> Tensor:
@@ -93,41 +81,11 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor | None =
     return torch.addmm(bias, x, weight.t(), out=out)
 
 
-def _norm(part: Tensor, w: _Weights) -> tuple[Tensor, ...]:
-    """(the norm's input as its backward reads it, its output in the GEMMs' dtype, mean, rstd). Torch's kernel
-    under autocast copies the part to fp32, writes an fp32 output and casts it; the row kernels read the part and
-    write the output once."""
-    if w.kernels:
-        from gtnorm.layernorm.rows import layer_norm_rows  # defines kernels: not at import (gtnorm/_lazy.py)
-
-        part = part.contiguous()
-        return part, *layer_norm_rows(part, w.norm_weight, w.norm_bias, w.eps, w.dtype)
-    normed_in = part.to(w.norm_dtype)
-    normed, mean, rstd = torch.native_layer_norm(normed_in, [part.shape[1]], w.norm_weight, w.norm_bias, w.eps)
-    return normed_in, normed.to(w.dtype), mean, rstd
-
-
-def _norm_backward(grad_normed, normed_in, mean, rstd, w: _Weights, grad_x: Tensor, param_grads: tuple[bool, bool]):
-    """Writes the part's input gradient into ``grad_x`` ([rows, C], a view of the op's); returns the norm's
-    weight and bias gradients (None where absent)."""
-    if w.kernels:
-        from gtnorm.layernorm.rows import layer_norm_rows_backward
-
-        sums = layer_norm_rows_backward(grad_normed, normed_in, w.norm_weight, mean, rstd, grad_x, any(param_grads))
-        return tuple(s if wanted else None for s, wanted in zip(sums or (None, None), param_grads, strict=True))
-    mask = [True, *param_grads]
-    grad_part, grad_weight, grad_bias = torch.ops.aten.native_layer_norm_backward(
-        grad_normed.to(w.norm_dtype), normed_in, [normed_in.shape[1]], mean, rstd, w.norm_weight, w.norm_bias, mask
-    )
-    grad_x.copy_(grad_part)
-    return grad_weight, grad_bias
-
-
 def _part_activations(part: Tensor, w: _Weights) -> tuple[Tensor, ...]:
     """One part's forward up to the GELU: (the norm's input, mean, rstd and output, the first GEMM's output, the
     GELU's), what the second GEMM and the backward read. The backward's recomputation stops here: the second GEMM's
     output is not needed for gradients."""
-    normed_in, normed, mean, rstd = _norm(part, w)
+    normed_in, normed, mean, rstd = w.norm.forward(part)
     hidden = _linear(normed, w.weight1, w.bias1)
     activated = torch.nn.functional.gelu(hidden, approximate=w.approximate)
     return normed_in, mean, rstd, normed, hidden, activated
@@ -192,8 +150,8 @@ def _backward(
             grad_normed = grad_hidden.mm(w.weight1)
             del grad_hidden
             norm_grads = (norm_weight is not None, norm_bias is not None)
-            part_grads[0], part_grads[1] = _norm_backward(
-                grad_normed, normed_in, mean, rstd, w, grad_x[start:stop], norm_grads
+            part_grads[0], part_grads[1] = w.norm.backward(
+                grad_normed, normed_in, mean, rstd, grad_x[start:stop], norm_grads
             )
             for i, grad in enumerate(part_grads):
                 if grad is not None:
