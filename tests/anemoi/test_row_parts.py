@@ -15,6 +15,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
 import gtnorm.anemoi  # noqa: E402
+from gtnorm.anemoi import mapper as mapper_module  # noqa: E402
 from tests.anemoi.setups import Case, assert_steps_match, build_pair, forward, make_inputs, training_step  # noqa: E402
 from tests.anemoi.test_mlp_parts import count_parts  # noqa: E402
 
@@ -24,14 +25,21 @@ CASE = Case("decoder", norm="layer", num_chunks=2)
 CHUNK_ROWS = CASE.batch * 16 // CASE.num_chunks
 
 
-def _record_rows(decoder) -> dict[str, list[int]]:
-    """The rows of every call of the decoder's block MLP and of its output head, appended as they run."""
+def _record_rows(decoder, monkeypatch) -> dict[str, list[int]]:
+    """The rows of every call of the decoder's block MLP and of its output head (the op of output_head.py, called
+    by the mapper's post_process), appended as they run."""
     rows = {"mlp": [], "head": []}
     for block in decoder.modules():
         if isinstance(block, gtnorm.anemoi.GraphTransformerMapperBlock):
             block.node_dst_mlp.register_forward_hook(lambda _, args, __: rows["mlp"].append(args[0].shape[0]))
-    # Its LayerNorm: the chunk's recomputation stops after it (the Linear's saved input is the norm's output).
-    decoder.node_data_extractor[0].register_forward_hook(lambda _, args, __: rows["head"].append(args[0].shape[0]))
+    own_head, output_head = decoder.node_data_extractor, mapper_module.output_head
+
+    def recorded(x, head):  # called as the mapper calls it: partial(output_head, head=...)
+        if head is own_head:
+            rows["head"].append(x.shape[0])
+        return output_head(x, head=head)
+
+    monkeypatch.setattr(mapper_module, "output_head", recorded)
     return rows
 
 
@@ -43,7 +51,7 @@ def test_parts_keep_the_step_and_the_mlp_runs_no_more_often(device, monkeypatch)
     _, whole = build_pair(CASE, "triton", device)
     _, in_parts = build_pair(CASE, "triton", device)
     inputs = make_inputs(CASE, device)
-    whole_rows, part_rows = _record_rows(whole), _record_rows(in_parts)
+    whole_rows, part_rows = _record_rows(whole, monkeypatch), _record_rows(in_parts, monkeypatch)
     op_parts = count_parts(monkeypatch)  # eager: checkpointed parts, not the op
     expected = training_step(whole, CASE, inputs)
     in_parts.node_chunk_rows = PART_ROWS
