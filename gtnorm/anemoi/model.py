@@ -8,8 +8,9 @@ a zero-filled tensor with torch's sorting index backward: at O800 a [2.59M, 94] 
 ``index_add`` has an identity backward for x_out and a gather for x_skip. Where the output indices are distinct (a
 variable appears once in a model's output; checked once, when the model is made or converted), every element
 receives at most one addend: the values are bitwise those of Anemoi's in-place add (``index_add`` adds onto a copy,
-as Anemoi adds onto its ``clone``), and its atomics add a single term each, whatever their order. The indices go to
-the device without waiting for it (Anemoi's indexing with CPU indices copies them with a host sync).
+as Anemoi adds onto its ``clone``), and its atomics add a single term each, whatever their order. The indices (CPU
+tensors of Anemoi's data indices) are copied to the device each call with ``non_blocking=True``, as Anemoi's indexing
+copies them implicitly; whether that copy from pageable memory waits on the device is not yet checked on a GPU.
 """
 
 from __future__ import annotations
