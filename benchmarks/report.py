@@ -32,6 +32,7 @@ WHOLE_MODEL_O320 = RESULTS / "h200" / "model-o320"  # compiled variants each in 
 WHOLE_MODEL_O800 = RESULTS / "h200" / "model-o800"  # each variant in its own process
 WHOLE_MODEL_HIGH_RESOLUTION = RESULTS / "h200" / "model-o1280"  # each variant in its own process (memory binds)
 WHOLE_MODEL_LATITUDE = RESULTS / "h200" / "model-latitude"  # the graphs numbered as anemoi-graphs numbers them
+WHOLE_MODEL_MODES = RESULTS / "h200" / "model-modes"  # every compile mode of both sides in one row
 SEVERAL_GPUS = RESULTS / "h200x2" / "distributed"
 FIGURE = RESULTS / "h200" / "speedup.png"
 README = REPO / "README.md"
@@ -152,7 +153,8 @@ def several_gpus_table(folder: Path = SEVERAL_GPUS) -> str:
 
 def model_table(
     folders: tuple[Path, ...] = (
-        WHOLE_MODEL, WHOLE_MODEL_O320, WHOLE_MODEL_O800, WHOLE_MODEL_HIGH_RESOLUTION, WHOLE_MODEL_LATITUDE
+        WHOLE_MODEL, WHOLE_MODEL_O320, WHOLE_MODEL_O800, WHOLE_MODEL_HIGH_RESOLUTION, WHOLE_MODEL_LATITUDE,
+        WHOLE_MODEL_MODES,
     ),
 ) -> str:
     """The whole model (anemoi-training's default config): each side's fastest compile mode, step and inference;
