@@ -105,7 +105,12 @@ class _FusedAttention:
             # A block unpickled from a whole-model checkpoint did not run __init__: apply the override now.
             self.set_attention_function()
             self._attention_backend_applied = True
-        conv_size = (size, size) if isinstance(size, int) else tuple(size)
+        # The sizes from the tensors, not from ``size``: a mapper hands its blocks each chunk's sizes as ints, and
+        # an int a compiled block reads is a guard, whose change compiles the block again (see
+        # mapper.sizes_vary_by_chunk for why a chunk must not). Anemoi makes ``size`` from the same tensors.
+        conv_size = (key.shape[0], query.shape[0])
+        if not torch.compiler.is_compiling() and conv_size != ((size, size) if isinstance(size, int) else tuple(size)):
+            raise ValueError(f"size {size} does not match {key.shape[0]} sources and {query.shape[0]} destinations")
         return self.conv(query, key, value, edges, edge_index, size=conv_size)
 
 

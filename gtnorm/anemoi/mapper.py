@@ -113,7 +113,22 @@ class _CachedChunkPartition(GraphPartition):
             cond_dst_chunk = cond_dst[self._get_dst_range(partition_id)]
             cond_chunk = (_chunk_sources(cond_src, chunk), cond_dst_chunk)
         edge_attr_chunk = edge_attr[self._get_edge_range(partition_id)]
+        sizes_vary_by_chunk(edge_attr_chunk, 0)
+        sizes_vary_by_chunk(chunk.edge_index, 1)
         return (x_src_chunk, x_dst_chunk), edge_attr_chunk, chunk.edge_index, cond_chunk
+
+
+def sizes_vary_by_chunk(tensor: Tensor, dim: int) -> Tensor:
+    """Marks ``tensor``'s ``dim`` as a size that differs from chunk to chunk, for torch.compile, before a compiled
+    block first sees it. Unmarked, the block compiles with that size static at the first chunk and again with it
+    dynamic at the second; the backward then recomputes the first chunk (under its checkpoint) with the dynamic
+    graph, whose saved tensors can differ from what the static one saved: a CheckpointError ("Recomputed values
+    ... have different metadata"), which stopped the O96 training step with the blocks compiled (H200;
+    benchmarks/NOTES.md v33; torch issue 166926). Marked, one graph serves every chunk. A no-op while tracing (the
+    marks are for the compiled block's inputs, made eagerly) and for sizes the block's code makes static."""
+    if not torch.compiler.is_compiling():
+        torch._dynamo.maybe_mark_dynamic(tensor, dim)
+    return tensor
 
 
 def _chunk_sources(x_src: Tensor, chunk: _Chunk) -> Tensor:  # [N_src, ...] -> [N_src_chunk, ...]
@@ -197,6 +212,10 @@ class _CachedChunks:
         num_chunks = max(self.num_chunks, anemoi_mapper.NUM_CHUNKS_INFERENCE_MAPPER)
         partition = _prepared_partition(edge_index, num_chunks, (x_src.shape[0], x_dst.shape[0]))
         return x_src, x_dst, edge_attr, edge_index, shard_info, cond, _SplitDestinations(partition, x_dst)
+
+    def pre_process(self, x: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:  # each chunk's [N_src, C], [N_dst, C]
+        x_src, x_dst = super().pre_process(x)
+        return sizes_vary_by_chunk(x_src, 0), sizes_vary_by_chunk(x_dst, 0)
 
     def run_processor_chunk(self, chunk_partition: GraphPartition, *args, **kwargs):
         if type(chunk_partition) is GraphPartition:  # made by Anemoi's own preparation (several GPUs)

@@ -94,6 +94,19 @@ def test_unknown_backend_is_refused():
         gtnorm.anemoi.use_gtnorm_attention(anemoi_module, "flash")
 
 
+@pytest.mark.parametrize("size", [(9, 5), 6, (7, 6)], ids=["sources", "one-int", "destinations"])
+def test_size_that_disagrees_with_the_tensors_is_refused(size):
+    """The block's attention takes its sizes from query and key (a compiled block must not read the ints a mapper
+    hands it per chunk); a ``size`` that disagrees with them is an error, raised before any kernel runs."""
+    _, module = build_pair(Case("encoder"), "triton", torch.device("cpu"))
+    block = gtnorm_blocks(module)[0]
+    query, key = torch.randn(5, 2, 8), torch.randn(7, 2, 8)
+    edge_index = torch.tensor([[0, 6], [0, 4]])
+    with count_launches() as launches, pytest.raises(ValueError, match="does not match"):
+        block.apply_gt(query, key, key.clone(), torch.randn(2, 2, 8), edge_index, size)
+    assert launches[FORWARD_CALLS] == launches[PYG_CALLS] == 0
+
+
 @pytest.mark.parametrize(
     "case, fused",
     [

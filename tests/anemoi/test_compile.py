@@ -118,6 +118,24 @@ def test_processor_block_through_anemoi_compile_config(device):
     assert graph_breaks() == {}
 
 
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_mapper_block_through_anemoi_compile_config_compiles_once(kind, device):
+    """mark_for_compilation on gtnorm's mapper block (4 chunks of different sizes, checkpointing on): one compiled
+    graph serves every chunk (their sizes marked dynamic before the first call: mapper.sizes_vary_by_chunk), so no
+    chunk's recomputation in the backward can run another graph than its forward did (a CheckpointError on the
+    GPU at O96 before); the step matches Anemoi's eager one."""
+    case = Case(kind, norm="layer", num_chunks=4)
+    anemoi_module, module = build_pair(case, "triton", device, anemoi_backend="pyg")
+    inputs = make_inputs(case, device)
+    expected = training_step(anemoi_module, case, inputs)
+    counter = CompileCounterWithBackend(BACKEND)
+    entry = {"module": "gtnorm.anemoi.GraphTransformerMapperBlock", "options": {"backend": counter}}
+    mark_for_compilation(module, OmegaConf.create([entry], flags={"allow_objects": True}))
+    for step_inputs in (inputs, new_tensor_each_step(inputs)):
+        assert_steps_match(training_step(module, case, step_inputs), expected, TOL)
+    assert counter.frame_count == 1, "the block compiled again for another chunk's sizes"
+
+
 def _mapper_breaks(module, case: Case, inputs: Inputs) -> dict[str, int]:
     torch._dynamo.reset()
     counters.clear()
