@@ -77,9 +77,9 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # chunk size; --isolate too); mlpckpt: gtnorm's mappers run the row-wise work on their destinations in checkpointed
 # parts of NODE_CHUNK_ROWS rows (their node_chunk_rows); efused: gtnorm's lin_edge fused into the kernels on every
 # graph of 200k edges or more (the decoder's too, which config.edge_projection_pays materialises below 2^31 feature
-# elements).
-OPTIONS = ("nockpt", "efull", "limit64", "static", "mlpckpt", "efused")
-PROCESS_OPTIONS = ("limit64", "static", "efused")  # set for the whole process
+# elements); ckptall: gtnorm's decoder checkpoints its last chunk too, as Anemoi's loop does (gtnorm keeps it).
+OPTIONS = ("nockpt", "efull", "limit64", "static", "mlpckpt", "efused", "ckptall")
+PROCESS_OPTIONS = ("limit64", "static", "efused", "ckptall")  # set for the whole process
 NODE_CHUNK_ROWS = 2**17
 
 
@@ -93,6 +93,9 @@ def apply_process_options(options) -> None:
         torch._dynamo.config.automatic_dynamic_shapes = False
     if "efused" in options:
         gtnorm_triton_config._PROJECTION_MIN_DEGREE = 0.0
+    if "ckptall" in options:
+        anemoi_loop = gtnorm_mapper.anemoi_mapper.GraphTransformerBaseMapper.mapper_forward_with_edge_sharding
+        gtnorm_mapper._chunks_with_the_last_kept = anemoi_loop
 
 
 @dataclass(frozen=True)

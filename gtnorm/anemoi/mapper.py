@@ -33,10 +33,12 @@ from functools import partial
 
 import torch
 from anemoi.models.distributed import khop_edges
+from anemoi.models.distributed.graph import gather_tensor
 from anemoi.models.distributed.khop_edges import GraphPartition, build_graph_partition, ensure_edges_are_dst_sorted
 from anemoi.models.distributed.utils import model_is_distributed
 from anemoi.models.layers import mapper as anemoi_mapper
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from gtnorm.anemoi.block import GraphTransformerMapperBlock, convert_blocks
 from gtnorm.anemoi.output_head import fits_output_head, output_head
@@ -280,12 +282,47 @@ class GraphTransformerBackwardMapper(_NodeChunkRows, _CachedChunks, anemoi_mappe
         return in_checkpointed_parts(fn, x_dst, self.node_chunk_rows)
 
     def mapper_forward_with_edge_sharding(
-        self, x, batch_size, shard_info, edge_attr, edge_index, model_comm_group=None, *args, **kwargs
-    ):
-        args = (x, batch_size, shard_info, edge_attr, edge_index, model_comm_group, *args)
+        self, x, batch_size, shard_info, edge_attr, edge_index, model_comm_group=None, keep_x_dst_sharded=False,
+        cond=None, edges_are_dst_sorted=True, **kwargs,
+    ):  # fmt: skip
+        args = (x, batch_size, shard_info, edge_attr, edge_index, model_comm_group, keep_x_dst_sharded, cond,
+                edges_are_dst_sorted)  # fmt: skip
         if model_is_distributed(model_comm_group):
             return _eager_edge_sharded_forward(self, *args, **kwargs)
-        return super().mapper_forward_with_edge_sharding(*args, **kwargs)
+        if khop_edges.ANEMOI_DEBUG_SHARDING or not (self.gradient_checkpointing and torch.is_grad_enabled()):
+            return super().mapper_forward_with_edge_sharding(*args, **kwargs)
+        return _chunks_with_the_last_kept(self, *args, **kwargs)
+
+
+def _chunks_with_the_last_kept(
+    mapper: GraphTransformerBackwardMapper, x, batch_size, shard_info, edge_attr, edge_index, model_comm_group,
+    keep_x_dst_sharded, cond, edges_are_dst_sorted, **kwargs,
+) -> Tensor:  # fmt: skip
+    """Anemoi's chunk loop of the decoder on one GPU (mapper_forward_with_edge_sharding), its last chunk run outside
+    a checkpoint. The decoder's last chunk is the forward's last work before the loss and the backward's first:
+    checkpointed, its backward starts by running it again and holds the same activations the forward would have
+    kept, from the same point on; kept, they live through the loss only (a [grid, variables] tensor or two). One
+    chunk's recomputation less a step (a quarter of the decoder's forward at the config's 4 chunks) for about no
+    memory, as torch's checkpoint_sequential keeps its last segment. Bitwise Anemoi's results: the kernels are
+    deterministic, so a recomputed chunk and a kept one hold the same values."""
+    x_src, x_dst, edge_attr, edge_index, shard_info, cond, partition = checkpoint(
+        mapper.prepare_edge_sharding_wrapper, x, shard_info, batch_size, edge_attr, edge_index, model_comm_group,
+        cond, edges_are_dst_sorted, use_reentrant=False,
+    )  # fmt: skip
+    out_channels = mapper.out_channels_dst if mapper.out_channels_dst is not None else mapper.hidden_dim
+    out_type = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled() else x_dst.dtype
+    out_dst = torch.empty((*x_dst.shape[:-1], out_channels), device=x_dst.device, dtype=out_type)
+    last = partition.num_parts - 1
+    for chunk_id in range(partition.num_parts):
+        run = partial(
+            mapper.run_processor_chunk, partition, chunk_id, (x_src, x_dst), edge_attr, edge_index, shard_info,
+            batch_size, model_comm_group, cond, edges_are_dst_sorted=True, **kwargs,
+        )  # fmt: skip
+        chunk_out = run() if chunk_id == last else checkpoint(run, use_reentrant=False)
+        out_dst[partition._get_dst_range(chunk_id)] = chunk_out.to(dtype=out_type)
+    if not keep_x_dst_sharded:
+        out_dst = gather_tensor(out_dst, 0, shard_info.dst_nodes, model_comm_group)
+    return out_dst
 
 
 @torch.compiler.disable

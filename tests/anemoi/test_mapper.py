@@ -195,3 +195,36 @@ def test_chunks_gather_their_sources_with_gathered_gradients(device, monkeypatch
     theirs.backward(grad)
     assert len(calls) == 2 and torch.equal(x_src.grad, x_theirs.grad)
     assert [chunk.src_positions.tolist() for chunk in partition.chunks] == [[2, 0, 2, 1, 2], [0, 3, 1, 2, 3]]
+
+
+@pytest.mark.parametrize("num_chunks", [1, 3])
+def test_decoder_keeps_its_last_chunk_and_gives_anemoi_s_step(num_chunks, device, monkeypatch):
+    """The decoder runs its last chunk outside a checkpoint: a training step runs the chunks' blocks
+    2 * num_chunks - 1 times, not 2 * num_chunks as Anemoi's loop does, and the output and every gradient are
+    bitwise those of Anemoi's loop on the same module. Under inference_mode it runs Anemoi's loop as is."""
+    case = Case("decoder", norm="layer", num_chunks=num_chunks)
+    _, module = build_pair(case, "triton", device)
+    inputs = make_inputs(case, device)
+    block_calls = []
+    for block in module.modules():
+        if isinstance(block, gtnorm_mapper.GraphTransformerMapperBlock):
+            block.register_forward_pre_hook(lambda *_: block_calls.append(1))
+    recorded = {}
+    for loop in ("gtnorm", "anemoi"):
+        if loop == "anemoi":
+            anemoi_loop = gtnorm_mapper.anemoi_mapper.GraphTransformerBaseMapper.mapper_forward_with_edge_sharding
+            monkeypatch.setattr(gtnorm_mapper, "_chunks_with_the_last_kept", anemoi_loop)
+        block_calls.clear()
+        recorded[loop] = training_step(module, case, inputs)
+        recorded[loop + " block calls"] = len(block_calls)
+    assert recorded["gtnorm block calls"] == 2 * num_chunks - 1
+    assert recorded["anemoi block calls"] == 2 * num_chunks
+    ours, anemoi_s = recorded["gtnorm"], recorded["anemoi"]
+    assert torch.equal(ours.output, anemoi_s.output)
+    for mine, theirs in zip([*ours.input_grads, *ours.param_grads.values()],
+                            [*anemoi_s.input_grads, *anemoi_s.param_grads.values()], strict=True):  # fmt: skip
+        assert (mine is None and theirs is None) or torch.equal(mine, theirs)
+    block_calls.clear()
+    with torch.inference_mode():
+        assert torch.equal(forward(module, case, inputs), ours.output)
+    assert len(block_calls) == num_chunks
