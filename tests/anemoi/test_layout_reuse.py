@@ -62,9 +62,10 @@ def test_rows_are_measured_and_written(kind, rounds, way, device, tmp_path):
     module = run.build_modules(TINY, kind, layout_reuse.NORM, device)["gtnorm"]
     row = layout_reuse.measure_row(module, problem, torch.float16, run.TimingSettings(), device, rounds, 1, way)
 
-    # Checkpointing recomputes each block's forward in the backward: two lookups per block in a training step.
+    # Checkpointing recomputes each block's forward in the backward: two lookups per block in a training step; the
+    # decoder keeps its last chunk (here its one) instead, and looks it up once.
     assert row["infer"]["lookups_per_step"] == 1
-    assert row["train"]["lookups_per_step"] == 2
+    assert row["train"]["lookups_per_step"] == (1 if kind == "decoder" else 2)
     for mode in layout_reuse.MODES:
         assert row[mode]["max_rel_difference"] <= layout_reuse.AGREEMENT
         for side in layout_reuse.SIDES:
