@@ -17,6 +17,10 @@ chunk's checkpoint takes its own rows and their gradient is their size (_SplitDe
 chunk, as Anemoi does, every chunk's backward makes a zero-filled gradient of all the destinations (at O1280's
 decoder, 5.1 GiB per chunk). The results are bitwise those of Anemoi's slicing.
 
+On one GPU the decoder runs its last chunk outside a checkpoint (_chunks_with_the_last_kept): the backward starts
+there, so keeping its activations costs no memory at the step's peak and saves recomputing it (O800: -39 ms a step,
+the same peak; benchmarks/NOTES.md v34).
+
 Under torch.compile the preparation is one call the tracer skips (a graph break where Anemoi's own preparation
 breaks too, at its ``.item()``); the chunk loop after it slices tensors only and is traced, blocks included.
 
@@ -265,7 +269,8 @@ class GraphTransformerForwardMapper(_NodeChunkRows, _CachedChunks, anemoi_mapper
 class GraphTransformerBackwardMapper(_NodeChunkRows, _CachedChunks, anemoi_mapper.GraphTransformerBackwardMapper):
     """A drop-in for ``anemoi.models.layers.mapper.GraphTransformerBackwardMapper`` (the decoder, hidden -> data):
     the same keyword arguments, state_dict keys and forward, with gtnorm's fused attention + QK norm and its output
-    head (LayerNorm, Linear) as one op (output_head.py). In a model config:
+    head (LayerNorm, Linear) as one op (output_head.py), and its last chunk kept rather than checkpointed when
+    gradient checkpointing is on (_chunks_with_the_last_kept). In a model config:
     ``_target_: gtnorm.anemoi.GraphTransformerBackwardMapper``; ``node_chunk_rows``: see _NodeChunkRows.
     """
 
