@@ -91,13 +91,7 @@ def step_peak(case: Case, first_step: bool = False, max_entries: int = 4_000_000
     before = torch.cuda.memory_allocated()
     torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
     try:
-        # A checkpoint's recomputation stops early by raising inside the last saved tensor's pack hook; recorded,
-        # that raise came back from a custom op's autograd apply as "SystemError: ... returned NULL without setting
-        # an exception" (H200, gtnorm/blocks at O320, v34): the recording is assumed to lose the pending exception
-        # (not yet confirmed on a GPU). Without early stop the recomputation also runs the rest of its chunk (the
-        # decoder's output head: one [rows, variables] output more, freed at once).
-        with torch.utils.checkpoint.set_checkpoint_early_stop(False):
-            case.train()
+        case.train()
         torch.cuda.synchronize()
         snapshot = torch.cuda.memory._snapshot()
     finally:
