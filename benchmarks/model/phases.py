@@ -11,6 +11,9 @@ boundaries need no recording, so they measure the compiled step users run. One w
 compiles. A boundary whose phase peaked above ``--list-above`` GiB lists the sizes of the blocks alive there.
 With ``--trace`` the logged step's allocator history is recorded without stacks, which works there, and the blocks
 alive at the step's peak are listed by the phase that allocated them (benchmarks.model.trace).
+Under a variant that compiles the whole model the marks are graph breaks at every chunk boundary (and the
+logged step recompiles): it measures the model compiled in chunk-long pieces, not the one graph users run, whose
+peak shows only in the unlogged first step (compiling included: the first line's "peak since the last").
 """
 
 from __future__ import annotations
