@@ -9,10 +9,11 @@ import torch
 from torch import Tensor
 
 from gtnorm._runtime import check_dtype, check_triton_device, resolve_eps
+from gtnorm.triton.attention_launch import extended_dim_of
 from gtnorm.triton.config import AttentionLaunchConfig, edge_projection_fits, edge_projection_pays
 from gtnorm.triton.layout import GraphLayout
 from gtnorm.triton.layout_cache import LayoutOfEdgeIndex
-from gtnorm.triton.ops import extended_dim_of, graph_attention
+from gtnorm.triton.ops import graph_attention
 
 NORM_KINDS = ("rms", "layer")
 # Raw attributes per edge the fused edge projection takes: its kernels unroll a loop over them and hold a few

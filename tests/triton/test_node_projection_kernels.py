@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from gtnorm import _runtime
+from gtnorm.triton.attention_launch import NORM_CODES
 from gtnorm.triton.config import ProjectionLaunch
 from gtnorm.triton.edge_projection_launch import EdgeProjection
-from gtnorm.triton.ops import NORM_CODES
 from tests.conftest import DEVICE
 from tests.graphs import draw_seed, rel_error
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from gtnorm.triton.attention_launch import column_sum
 from gtnorm.triton.config import column_sum_launch
-from gtnorm.triton.ops import column_sum
 from tests.conftest import DEVICE
 
 
