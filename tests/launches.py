@@ -1,11 +1,11 @@
 """Counting what ran: launches of gtnorm's Triton kernels and calls of its attention op.
 
-A test that says gtnorm's kernels ran checks it with these counts, which the code under test produces (a flag the
-test sets, or an environment check, cannot fail). Every kernel of the attention and the edge projection launches
-through a :class:`gtnorm.triton.launcher.Launcher` (gtnorm/triton/attention_launch.py, edge_projection_launch.py), compiled or
+A test that says gtnorm's kernels ran checks it with these counts, which the code under test produces (a flag the test
+sets, or an environment check, cannot fail). Every kernel of the attention and the edge projection launches through a
+:class:`gtnorm.triton.launcher.Launcher` (gtnorm/triton/attention_launch.py, edge_projection_launch.py), compiled or
 interpreted: patching ``Launcher.launch`` sees each launch. The op's entry points (``ops.attention_forward`` /
-``ops.attention_backward``) are counted too: one call per attention call, whether or not the graph had edges (a
-graph without edges launches no walk).
+``ops.attention_backward``) are counted too: one call per attention call, whether or not the graph had edges (a graph
+without edges launches no walk).
 
 Usable from other processes (Anemoi's own tests in a subprocess, the ranks of a distributed test): the counts are
 plain dicts of ints.

@@ -354,10 +354,10 @@ def cached_layout(
 @dataclass(frozen=True, eq=False)
 class LayoutOfEdgeIndex:
     """A graph whose layout the attention op finds in the shared cache when it runs, from the edge_index it is
-    handed (gtnorm/triton/attention_launch.py, layout_tensors): what a layer passes under torch.compile. The lookup (data_ptr,
-    weak references, a content compare for a new tensor) is opaque to the tracer, and a layout's shapes depend on
-    the graph's content (its nodes without edges): as op outputs they would end the traced graph. Inside the op
-    they cost the graph nothing, and a new graph of the same shape runs the same compiled graph.
+    handed (gtnorm/triton/attention_launch.py, layout_tensors): what a layer passes under torch.compile. The
+    lookup (data_ptr, weak references, a content compare for a new tensor) is opaque to the tracer, and a layout's
+    shapes depend on the graph's content (its nodes without edges): as op outputs they would end the traced graph.
+    Inside the op they cost the graph nothing, and a new graph of the same shape runs the same compiled graph.
 
     Shapes: edge_index [2, M].
     """
