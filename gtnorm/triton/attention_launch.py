@@ -1,5 +1,5 @@
-"""The walk's launches: :func:`attention_forward` and :func:`attention_backward` check nothing (the callers did,
-attention.py), find the layout, pick the plan (config.py) and launch the forward, the two backward passes and the
+"""The walk's launches: :func:`attention_forward` and :func:`attention_backward` leave the input checks to their callers
+(attention.py), find the layout, pick the plan (config.py) and launch the forward, the two backward passes and the
 fused edge projection's kernels on it; the norms' parameter gradients come from fp32 partial rows summed in a fixed
 order (:func:`column_sum`). ops.py makes them custom ops with autograd."""
 
