@@ -48,7 +48,7 @@ from gtnorm.anemoi.block import GraphTransformerMapperBlock, convert_blocks
 from gtnorm.anemoi.output_head import fits_output_head, output_head
 from gtnorm.anemoi.row_parts import in_checkpointed_parts
 from gtnorm.anemoi.source_rows import gather_source_rows, source_positions
-from gtnorm.triton.layout_cache import cached_graph_value
+from gtnorm.triton.layout_cache import cached_graph_value, register_derived_graph
 
 
 @dataclass(frozen=True)
@@ -191,6 +191,10 @@ def _prepared_partition(edge_index: Tensor, num_parts: int, num_nodes: tuple[int
         else:
             partition = build_graph_partition(edge_index, num_parts=num_parts, num_nodes=num_nodes)
         chunks = tuple(_make_chunk(partition, part, edge_index, num_nodes[0]) for part in range(num_parts))
+        for chunk, num_dst in zip(chunks, partition.dst_splits, strict=True):
+            # Kept with the mapper's graph, not as graphs of their own (layout_cache.register_derived_graph).
+            num_src = num_nodes[0] if chunk.src_ids is None else chunk.src_ids.numel()
+            register_derived_graph(chunk.edge_index, (num_src, num_dst), edge_index, num_nodes)
         return _CachedChunkPartition.of(partition, chunks)
 
     derivation = ("gtnorm.anemoi.mapper._prepared_partition", num_parts)

@@ -51,6 +51,15 @@ class _CachedGraph:
     contents: dict[int, Tensor] = field(default_factory=dict)  # [2, B * M] by copies B > 1, for inference checks
     # (copies, derivation) -> a value computed from the content (LayoutCache.graph_value), e.g. a mapper chunk.
     values: dict[tuple, object] = field(default_factory=dict)
+    # A graph made from another's content (LayoutCache.register_derived_graph, e.g. a mapper chunk's) lives in its
+    # parent's entry: found by identity, kept and evicted with the parent, not counted against max_graphs.
+    parent: _CachedGraph | None = None
+    derived: list[_CachedGraph] = field(default_factory=list)
+
+    @property
+    def entry(self) -> _CachedGraph:
+        """The graph whose place in the LRU this one shares: its parent, or itself."""
+        return self.parent if self.parent is not None else self
 
     @property
     def num_edges(self) -> int:
@@ -129,8 +138,10 @@ class LayoutCache:
 
     ``max_graphs`` bounds the memory: each graph keeps a copy of its edge_index and its layouts (about 40 bytes
     per edge, plus 24 per edge for each batch size of copies in use, and 16 per edge for each batch size that
-    inference tensors are checked against). A model has a few graphs (processor, encoder, decoder, each mapper
-    chunk); 32 leaves room for several models.
+    inference tensors are checked against). A model has a few graphs (processor, encoder, decoder); the graphs
+    derived from one (each mapper chunk's: register_derived_graph) count as part of it, so that 32 leaves room for
+    several models at any chunking. (Counted one by one, an O1280 model at 16 mapper chunks has 35 graphs: an LRU
+    of 32 walked in the same order every step then missed every lookup and built every chunk's layout again.)
     """
 
     def __init__(self, max_graphs: int = 32):
@@ -216,6 +227,33 @@ class LayoutCache:
         key = _identity_key(edge_index, copies * num_src, copies * num_dst)
         self._remember(key, edge_index, None, 0, provenance)
 
+    def register_derived_graph(
+        self,
+        edge_index: Tensor,  # [2, M_derived]
+        num_src: int,
+        num_dst: int,
+        parent: Tensor,  # [2, M]
+        parent_num_nodes: tuple[int, int],
+    ) -> None:
+        """Records that edge_index is a graph made from the graph in ``parent`` (a mapper's chunk, from its whole
+        graph): its layout is kept in the parent's entry, found by identity (no compare, no host sync), and kept
+        and evicted with the parent, so that a model's chunk graphs do not count against max_graphs. The parent's
+        graph is found (by identity, provenance or content) or added. Later lookups of a clone of edge_index
+        compare content as for any graph, and a write into edge_index (its version counter) makes it a graph of
+        its own.
+
+        Shapes: edge_index [2, M_derived], parent [2, M].
+        """
+        check_edge_index_format(edge_index)
+        if edge_index.is_inference():
+            raise ValueError("a derived graph must not be an inference tensor (its writes could not be seen)")
+        parent_graph, _ = self._find(parent, *_resolve_num_nodes(parent_num_nodes, 0))
+        with torch.inference_mode(False):
+            graph = _CachedGraph(edge_index.clone(), num_src, num_dst, parent=parent_graph.entry)
+        with self._lock:
+            graph.parent.derived.append(graph)
+        self._remember(_identity_key(edge_index, num_src, num_dst), edge_index, graph, 1)
+
     def _find(self, edge_index: Tensor, num_src: int, num_dst: int) -> tuple[_CachedGraph, int]:
         key = _identity_key(edge_index, num_src, num_dst)
         found = self._find_by_identity(key)
@@ -234,8 +272,8 @@ class LayoutCache:
         if found is None:
             found = (self._add(edge_index, num_src, num_dst), 1)
         with self._lock:
-            if self._graphs.get(id(found[0])) is found[0]:
-                self._graphs.move_to_end(id(found[0]))
+            if self._graphs.get(id(found[0].entry)) is found[0].entry:
+                self._graphs.move_to_end(id(found[0].entry))
         self._remember(key, edge_index, *found)
         return found
 
@@ -249,7 +287,7 @@ class LayoutCache:
                 del self._aliases[key]
                 return None
             if alias.graph is not None:
-                self._graphs.move_to_end(id(alias.graph))  # evicting a graph drops its aliases
+                self._graphs.move_to_end(id(alias.graph.entry))  # evicting a graph drops its aliases
                 return alias.graph, alias.copies
             provenance = alias.provenance
         found = self._resolve(provenance)
@@ -291,7 +329,7 @@ class LayoutCache:
             self._graphs[id(graph)] = graph
             while len(self._graphs) > self.max_graphs:
                 _, evicted = self._graphs.popitem(last=False)
-                for k in [k for k, alias in self._aliases.items() if alias.graph is evicted]:
+                for k in [k for k, alias in self._aliases.items() if alias.graph and alias.graph.entry is evicted]:
                     del self._aliases[k]
         return graph
 
@@ -397,6 +435,22 @@ def register_batch_copies(
     Shapes: edge_index [2, copies * M], base [2, M].
     """
     _SHARED_CACHE.register_batch_copies(edge_index, base, base_num_nodes, copies)
+
+
+def register_derived_graph(
+    edge_index: Tensor,  # [2, M_derived]
+    num_nodes: tuple[int, int],  # (N_src, N_dst) of the derived graph, as its lookups will name them
+    parent: Tensor,  # [2, M]
+    parent_num_nodes: tuple[int, int],
+) -> None:
+    """Tells the shared cache that edge_index was made from the graph in ``parent`` (e.g. a mapper chunk's graph from
+    the mapper's): its layout is then kept with the parent's, found by identity, and not counted against the
+    cache's bound on graphs. See :meth:`LayoutCache.register_derived_graph`.
+
+    Shapes: edge_index [2, M_derived], parent [2, M].
+    """
+    num_src, num_dst = _resolve_num_nodes(num_nodes, 0)
+    _SHARED_CACHE.register_derived_graph(edge_index, num_src, num_dst, parent, parent_num_nodes)
 
 
 def cached_graph_value(

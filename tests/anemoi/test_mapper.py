@@ -67,6 +67,25 @@ def test_graph_is_prepared_once_and_steps_stay_anemoi_s(kind, num_chunks, device
             assert len(count_compares) == (step == 2)
 
 
+def test_chunk_graphs_are_kept_with_the_mapper_s_graph_at_any_chunking(device, count_layout_builds, monkeypatch):
+    """A mapper's chunk graphs live in its graph's cache entry: at more chunks than the cache keeps graphs (4 here
+    instead of 32, as an O1280 model at 16 chunks has 35 graphs), later calls build no layout again (counted one by
+    one, the LRU, walked in the same order every call, missed every lookup), and the cache holds one graph."""
+    monkeypatch.setattr(layout_cache._SHARED_CACHE, "max_graphs", 4)
+    case = Case("decoder", norm="off", num_chunks=8)
+    _, module = build_pair(case, "triton", device)
+    module.eval()
+    inputs = make_inputs(case, device)
+    with torch.inference_mode():
+        first = forward(module, case, inputs)
+        assert count_layout_builds  # every chunk's, once
+        count_layout_builds.clear()
+        again = forward(module, case, inputs)
+    assert count_layout_builds == []
+    assert len(layout_cache._SHARED_CACHE) == 1
+    assert torch.equal(first, again)
+
+
 def test_chunk_sources_are_the_connected_ones(device):
     """Sources without edges in a chunk are dropped and the rest numbered in order, as Anemoi's materialise does;
     a chunk that reaches every source takes the mapper's own source features, not a gathered copy."""

@@ -298,6 +298,38 @@ def test_least_recently_used_graph_is_evicted(count_layout_builds):
     assert len(count_layout_builds) == 4 and len(cache) == 2
 
 
+def test_derived_graphs_live_in_their_parent_s_entry(count_layout_builds, count_compares):
+    """Graphs registered as derived from another (a mapper's chunks) are found by identity with no compare, do not
+    count against max_graphs, keep their parent in the LRU when looked up, and go with it when it is evicted."""
+    cache = LayoutCache(max_graphs=2)
+    parent, other, third = (make_graph("decoder_like", seed=s) for s in (3, 4, 5))
+    parts = [make_graph("encoder_like", seed=s) for s in range(4)]  # any graphs: the cache trusts the caller
+    for part in parts:
+        cache.register_derived_graph(part.edge_index, part.num_src, part.num_dst, parent.edge_index,
+                                     (parent.num_src, parent.num_dst))  # fmt: skip
+    assert len(cache) == 1
+    count_compares.clear()
+    for _ in range(2):
+        for part in parts:
+            cache.get(part.edge_index, part.num_src, part.num_dst)
+    assert len(count_layout_builds) == 4 and count_compares == [] and len(cache) == 1
+    cache.get(other.edge_index, other.num_src, other.num_dst)
+    cache.get(parts[0].edge_index, parts[0].num_src, parts[0].num_dst)  # the parent is now the newest
+    cache.get(third.edge_index, third.num_src, third.num_dst)  # evicts `other`, not the parent
+    assert len(cache) == 2 and len(count_layout_builds) == 6
+    cache.get(parts[1].edge_index, parts[1].num_src, parts[1].num_dst)
+    cache.get(third.edge_index, third.num_src, third.num_dst)
+    assert len(count_layout_builds) == 6
+    cache.get(other.edge_index, other.num_src, other.num_dst)  # evicts the parent, and its derived graphs with it
+    cache.get(parts[1].edge_index, parts[1].num_src, parts[1].num_dst)  # now a graph of its own
+    assert len(count_layout_builds) == 8
+    with pytest.raises(ValueError, match="inference"):
+        with torch.inference_mode():
+            inferred = parts[0].edge_index.clone()
+        cache.register_derived_graph(inferred, parts[0].num_src, parts[0].num_dst, parent.edge_index,
+                                     (parent.num_src, parent.num_dst))  # fmt: skip
+
+
 def test_graph_values_are_computed_once_per_graph_and_derivation(count_layout_builds, count_compares):
     """A value derived from a graph (gtnorm/anemoi/mapper.py keeps Anemoi's mapper chunks so) is computed once and
     found again as a layout is: by identity with no compare, by content for a clone; never for another graph of the
