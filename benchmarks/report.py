@@ -35,6 +35,7 @@ WHOLE_MODEL_LATITUDE = RESULTS / "h200" / "model-latitude"  # the graphs numbere
 WHOLE_MODEL_MODES = RESULTS / "h200" / "model-modes"  # every compile mode of both sides in one row
 WHOLE_MODEL_LAST_CHUNK = RESULTS / "h200" / "model-lastchunk"  # the decoder's last chunk kept; O96 every mode
 WHOLE_MODEL_O96_OFF = RESULTS / "h200" / "model-o96-off"  # O96 without a QK norm, every mode on both sides
+WHOLE_MODEL_O1280_MODES = RESULTS / "h200" / "model-o1280-modes"  # O1280 at 4 and 16 chunks; the whole mode there
 SEVERAL_GPUS = RESULTS / "h200x2" / "distributed"
 FIGURE = RESULTS / "h200" / "speedup.png"
 README = REPO / "README.md"
@@ -156,7 +157,7 @@ def several_gpus_table(folder: Path = SEVERAL_GPUS) -> str:
 def model_table(
     folders: tuple[Path, ...] = (
         WHOLE_MODEL, WHOLE_MODEL_O320, WHOLE_MODEL_O800, WHOLE_MODEL_HIGH_RESOLUTION, WHOLE_MODEL_LATITUDE,
-        WHOLE_MODEL_MODES, WHOLE_MODEL_LAST_CHUNK, WHOLE_MODEL_O96_OFF,
+        WHOLE_MODEL_MODES, WHOLE_MODEL_LAST_CHUNK, WHOLE_MODEL_O96_OFF, WHOLE_MODEL_O1280_MODES,
     ),
 ) -> str:
     """The whole model (anemoi-training's default config): each side's fastest compile mode, step and inference;

@@ -178,12 +178,23 @@ def _run(row: dict, meta: dict) -> dict:
     return row.get("run") or {key: meta.get(key) for key in ("device", "started", "commit")}
 
 
-def _run_cell(row: dict, meta: dict) -> str:
-    run = _run(row, meta)
+def _run_text(run: dict) -> str:
     device = (run.get("device") or "").replace("NVIDIA ", "")
     limit = run.get("recompile_limit")
     limit = f", both sides' recompile limit {limit}" if limit and limit != DEFAULT_RECOMPILE_LIMIT else ""
     return f"{(run.get('started') or '–').split()[0]}, {device}, {run.get('commit') or 'commit not recorded'}{limit}"
+
+
+def _run_cell(row: dict, meta: dict) -> str:
+    """The row's run; variants merged in from another run (their own ``run``) are named after it, with theirs."""
+    text = _run_text(_run(row, meta))
+    merged: dict[str, list[str]] = {}
+    for name, entry in row["variants"].items():
+        if entry.get("run"):
+            merged.setdefault(_run_text(entry["run"]), []).append(name)
+    for run, names in merged.items():
+        text += f"; {', '.join(names)}: {run}"
+    return text
 
 
 def readme_table(results: dict, source: str) -> str:

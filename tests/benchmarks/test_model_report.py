@@ -58,6 +58,20 @@ def test_a_side_that_failed_shows_why():
     assert cells[9].endswith("both sides' recompile limit 64")
 
 
+def test_variants_merged_from_another_run_name_it():
+    """A row may join variants from two runs (the whole mode measured on another machine): the run cell names the
+    row's run, then each other run with the variants it gave."""
+    other = RUN | {"started": "2026-11-28 01:50 UTC", "commit": "def5678"}
+    row = {"graph": "o1280_r7", "norm": "layer", "mapper_chunks": 16, "run": RUN, "variants": {
+        "anemoi/blocks": _timed([450.0], [140.0], 500.0), "gtnorm/blocks": _timed([300.0], [100.0], 400.0),
+        "anemoi/whole": _timed([470.0], [138.0], 700.0) | {"run": other},
+        "gtnorm/whole": {"train": {"status": "OOM"}, "infer": {"status": "OOM"}, "run": other},
+    }}  # fmt: skip
+    cells = [cell.strip() for cell in readme_table(_results([row]), "here/").splitlines()[-1].strip("|").split("|")]
+    assert cells[3] == "450.0 / 138.0 (blocks / whole)" and cells[8] == "blocks, whole; blocks, whole"
+    assert cells[9] == "2026-11-26, H200, abc1234; anemoi/whole, gtnorm/whole: 2026-11-28, H200, def5678"
+
+
 def test_a_later_folder_replaces_the_rows_it_measured_again(tmp_path):
     """benchmarks.report's model table: a row of a later results folder (same graph, norm and mapper chunks; rows
     from before the chunk axis count as the config's 4) replaces an earlier folder's; other rows stay, in order."""
