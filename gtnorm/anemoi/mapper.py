@@ -75,12 +75,17 @@ def _fields(partition: GraphPartition) -> tuple:
 
 def _make_chunk(partition: GraphPartition, partition_id: int, edge_index: Tensor, num_src: int) -> _Chunk:
     """Anemoi's GraphPartition.materialise on edge_index alone: the chunk's edges, destinations relabelled, the
-    sources that have edges kept (sorted) and relabelled."""
+    sources that have edges kept (sorted) and relabelled. The chunk's graph is registered as derived from the
+    mapper's (layout_cache.register_derived_graph): its layout is kept with the mapper's graph, which a model's
+    chunks then do not crowd out of the cache, however many there are."""
     with torch.inference_mode(False):  # kept for later steps, training ones included
         edges = partition._get_edge_range(partition_id)
-        dst_start = partition._get_dst_range(partition_id).start
+        dst_range = partition._get_dst_range(partition_id)
         src_ids, src_local = torch.unique(edge_index[0, edges], sorted=True, return_inverse=True)
-        chunk = torch.stack([src_local.to(edge_index.dtype), edge_index[1, edges] - dst_start])
+        chunk = torch.stack([src_local.to(edge_index.dtype), edge_index[1, edges] - dst_range.start])
+        # The sizes the chunk's blocks look its layout up with: its sources' rows and its destinations'.
+        chunk_nodes = (src_ids.numel(), dst_range.stop - dst_range.start)
+        register_derived_graph(chunk, chunk_nodes, edge_index, (num_src, partition.num_nodes[1]))
         # Sorted distinct ids in [0, num_src): all of them only if they are 0, 1, ..., num_src - 1.
         if src_ids.numel() == num_src:
             return _Chunk(chunk, chunk._version, None, None)
@@ -191,10 +196,6 @@ def _prepared_partition(edge_index: Tensor, num_parts: int, num_nodes: tuple[int
         else:
             partition = build_graph_partition(edge_index, num_parts=num_parts, num_nodes=num_nodes)
         chunks = tuple(_make_chunk(partition, part, edge_index, num_nodes[0]) for part in range(num_parts))
-        for chunk, num_dst in zip(chunks, partition.dst_splits, strict=True):
-            # Kept with the mapper's graph, not as graphs of their own (layout_cache.register_derived_graph).
-            num_src = num_nodes[0] if chunk.src_ids is None else chunk.src_ids.numel()
-            register_derived_graph(chunk.edge_index, (num_src, num_dst), edge_index, num_nodes)
         return _CachedChunkPartition.of(partition, chunks)
 
     derivation = ("gtnorm.anemoi.mapper._prepared_partition", num_parts)

@@ -42,7 +42,7 @@ _MISSING = object()  # a graph value not computed yet (None is a value)
 
 @dataclass(eq=False)
 class _CachedGraph:
-    edge_index: Tensor  # [2, M]: a private copy of the content, to compare new tensors with
+    edge_index: Tensor  # [2, M]: a private copy of the content, to compare new tensors with (derived: the caller's)
     num_src: int
     num_dst: int
     # By number of copies; 1: the graph itself. Built at the first lookup that needs one: a graph kept only for
@@ -242,14 +242,17 @@ class LayoutCache:
         compare content as for any graph, and a write into edge_index (its version counter) makes it a graph of
         its own.
 
+        edge_index itself is kept, not copied (at O1280 a mapper's chunks hold 30M edges: 475 MB a copy): it is
+        only ever read through a lookup of its own identity, which a write into it ends, so what its layout is
+        built from is what was registered.
+
         Shapes: edge_index [2, M_derived], parent [2, M].
         """
         check_edge_index_format(edge_index)
         if edge_index.is_inference():
             raise ValueError("a derived graph must not be an inference tensor (its writes could not be seen)")
         parent_graph, _ = self._find(parent, *_resolve_num_nodes(parent_num_nodes, 0))
-        with torch.inference_mode(False):
-            graph = _CachedGraph(edge_index.clone(), num_src, num_dst, parent=parent_graph.entry)
+        graph = _CachedGraph(edge_index, num_src, num_dst, parent=parent_graph.entry)
         with self._lock:
             graph.parent.derived.append(graph)
         self._remember(_identity_key(edge_index, num_src, num_dst), edge_index, graph, 1)

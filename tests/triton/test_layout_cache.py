@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gtnorm.triton.layout import GraphLayout
 from gtnorm.triton.layout_cache import (
     LayoutCache,
     cached_graph_value,
@@ -323,6 +324,16 @@ def test_derived_graphs_live_in_their_parent_s_entry(count_layout_builds, count_
     cache.get(other.edge_index, other.num_src, other.num_dst)  # evicts the parent, and its derived graphs with it
     cache.get(parts[1].edge_index, parts[1].num_src, parts[1].num_dst)  # now a graph of its own
     assert len(count_layout_builds) == 8
+    # Kept, not copied: once written in place, its layout (built before) is not served; the new content gets its own.
+    written = parts[2].edge_index.clone()
+    cache.register_derived_graph(written, parts[2].num_src, parts[2].num_dst, third.edge_index,
+                                 (third.num_src, third.num_dst))  # fmt: skip
+    before = cache.get(written, parts[2].num_src, parts[2].num_dst)
+    written[1] = written[1].flip(0)
+    found = cache.get(written, parts[2].num_src, parts[2].num_dst)
+    assert found is not before
+    fresh = GraphLayout.from_edge_index(written.clone(), (parts[2].num_src, parts[2].num_dst))
+    assert all(torch.equal(a, b) for a, b in zip(found.tensors(), fresh.tensors(), strict=True))
     with pytest.raises(ValueError, match="inference"):
         with torch.inference_mode():
             inferred = parts[0].edge_index.clone()
