@@ -30,82 +30,15 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from gtnorm.triton.cached_graph import CachedGraph
 from gtnorm.triton.layout import GraphLayout, _resolve_num_nodes, check_edge_index_format
 
 _MISSING = object()  # a graph value not computed yet (None is a value)
-
-
-@dataclass(eq=False)
-class _CachedGraph:
-    edge_index: Tensor  # [2, M]: a private copy of the content, to compare new tensors with (derived: the caller's)
-    num_src: int
-    num_dst: int
-    # By number of copies; 1: the graph itself. Built at the first lookup that needs one: a graph kept only for
-    # its values (a mapper's whole graph, whose chunks the layers see) never builds its own.
-    layouts: dict[int, GraphLayout] = field(default_factory=dict)
-    contents: dict[int, Tensor] = field(default_factory=dict)  # [2, B * M] by copies B > 1, for inference checks
-    # (copies, derivation) -> a value computed from the content (LayoutCache.graph_value), e.g. a mapper chunk.
-    values: dict[tuple, object] = field(default_factory=dict)
-    # A graph made from another's content (LayoutCache.register_derived_graph, e.g. a mapper chunk's) lives in its
-    # parent's entry: found by identity, kept and evicted with the parent, not counted against max_graphs.
-    parent: _CachedGraph | None = None
-    derived: list[_CachedGraph] = field(default_factory=list)
-
-    @property
-    def entry(self) -> _CachedGraph:
-        """The graph whose place in the LRU this one shares: its parent, or itself."""
-        return self.parent if self.parent is not None else self
-
-    @property
-    def num_edges(self) -> int:
-        return self.edge_index.shape[1]
-
-    def copies_in(self, num_edges: int, num_src: int, num_dst: int) -> int:
-        """How many copies of this graph a graph of these sizes would be; 0 if it cannot be copies of it."""
-        if self.num_edges == 0:
-            return 1 if (num_edges, num_src, num_dst) == (0, self.num_src, self.num_dst) else 0
-        copies, rest = divmod(num_edges, self.num_edges)
-        if rest or copies == 0 or (num_src, num_dst) != (copies * self.num_src, copies * self.num_dst):
-            return 0
-        return copies
-
-    def _copies(self, copies: int) -> Tensor:  # [2, copies, M]
-        # Offsets from Python ints and a device arange: no host-to-device copy (a blocking one would sync).
-        index = torch.arange(copies, device=self.edge_index.device)
-        offsets = torch.stack([index * self.num_src, index * self.num_dst])  # [2, copies]
-        return self.edge_index[:, None, :] + offsets[:, :, None]
-
-    def holds(self, edge_index: Tensor, copies: int) -> Tensor:  # [] bool on the device
-        """Whether edge_index is ``copies`` copies of this graph, concatenated with per-copy node offsets."""
-        if self.num_edges == 0:
-            return torch.ones((), dtype=torch.bool, device=edge_index.device)
-        return (edge_index.reshape(2, copies, self.num_edges) == self._copies(copies)).all()
-
-    def content(self, copies: int) -> Tensor:  # [2, copies * M]
-        """The content of ``copies`` copies of this graph, kept (16 bytes per edge for each B > 1) so that an
-        inference tensor's identity check is one compare."""
-        if copies == 1:
-            return self.edge_index
-        if copies not in self.contents:
-            with torch.inference_mode(False):
-                self.contents[copies] = self._copies(copies).reshape(2, copies * self.num_edges)
-        return self.contents[copies]
-
-    def layout(self, copies: int) -> GraphLayout:
-        if copies not in self.layouts:
-            if copies == 1:
-                # Outside inference mode, so that a layout first met during inference serves training later (the
-                # autograd of the attention saves its index tensors, which inference tensors cannot be).
-                with torch.inference_mode(False):
-                    self.layouts[1] = GraphLayout.from_edge_index(self.edge_index, (self.num_src, self.num_dst))
-            else:
-                self.layouts[copies] = self.layout(1).repeat(copies)
-        return self.layouts[copies]
 
 
 @dataclass(eq=False)
@@ -124,7 +57,7 @@ class _Alias:
 
     storage: weakref.ref  # the tensor's memory: while it is alive, no other tensor can be handed that memory
     storage_ptr: int  # where that memory was (a resize_ moves it)
-    graph: _CachedGraph | None  # None until a provenance is resolved
+    graph: CachedGraph | None  # None until a provenance is resolved
     copies: int
     provenance: _Provenance | None = None
 
@@ -146,7 +79,7 @@ class LayoutCache:
 
     def __init__(self, max_graphs: int = 32):
         self.max_graphs = max_graphs
-        self._graphs: OrderedDict[int, _CachedGraph] = OrderedDict()  # by id(), least recently used first
+        self._graphs: OrderedDict[int, CachedGraph] = OrderedDict()  # by id(), least recently used first
         self._aliases: dict[tuple, _Alias] = {}
         self._sweep_at = 64  # the number of aliases at which the dead ones are dropped next
         self._lock = threading.Lock()
@@ -249,20 +182,23 @@ class LayoutCache:
         Shapes: edge_index [2, M_derived], parent [2, M].
         """
         check_edge_index_format(edge_index)
+        check_edge_index_format(parent)
         if edge_index.is_inference():
             raise ValueError("a derived graph must not be an inference tensor (its writes could not be seen)")
+        if edge_index.device != parent.device:
+            raise ValueError(f"edge_index is on {edge_index.device} but its parent on {parent.device}")
         parent_graph, _ = self._find(parent, *_resolve_num_nodes(parent_num_nodes, 0))
-        graph = _CachedGraph(edge_index, num_src, num_dst, parent=parent_graph.entry)
+        graph = CachedGraph(edge_index, num_src, num_dst, parent=parent_graph.entry)
         with self._lock:
             graph.parent.derived.append(graph)
         self._remember(_identity_key(edge_index, num_src, num_dst), edge_index, graph, 1)
 
-    def _find(self, edge_index: Tensor, num_src: int, num_dst: int) -> tuple[_CachedGraph, int]:
+    def _find(self, edge_index: Tensor, num_src: int, num_dst: int) -> tuple[CachedGraph, int]:
         key = _identity_key(edge_index, num_src, num_dst)
         found = self._find_by_identity(key)
         if found is not None:
             if edge_index.is_inference():
-                _check_content_async(edge_index, *found)
+                found[0].check_content_async(edge_index, found[1])
             return found
         with self._lock:
             candidates = [
@@ -280,7 +216,7 @@ class LayoutCache:
         self._remember(key, edge_index, *found)
         return found
 
-    def _find_by_identity(self, key: tuple) -> tuple[_CachedGraph, int] | None:
+    def _find_by_identity(self, key: tuple) -> tuple[CachedGraph, int] | None:
         """(graph, copies) of the tensor with this identity key, or None."""
         with self._lock:
             alias = self._aliases.get(key)
@@ -302,7 +238,7 @@ class LayoutCache:
                 alias.graph, alias.copies, alias.provenance = *found, None
         return found
 
-    def _resolve(self, provenance: _Provenance) -> tuple[_CachedGraph, int] | None:
+    def _resolve(self, provenance: _Provenance) -> tuple[CachedGraph, int] | None:
         """(graph, copies) of registered batch copies, from their source's graph; None if the source is gone or
         has been written to since."""
         source = provenance.source()
@@ -312,7 +248,7 @@ class LayoutCache:
         return graph, copies * provenance.copies
 
     def _remember(
-        self, key: tuple, edge_index: Tensor, graph: _CachedGraph | None, copies: int, provenance=None
+        self, key: tuple, edge_index: Tensor, graph: CachedGraph | None, copies: int, provenance=None
     ) -> None:
         storage = edge_index.untyped_storage()
         alias = _Alias(weakref.ref(storage), storage.data_ptr(), graph, copies, provenance)
@@ -324,10 +260,10 @@ class LayoutCache:
                     del self._aliases[k]
                 self._sweep_at = max(64, 2 * len(self._aliases))
 
-    def _add(self, edge_index: Tensor, num_src: int, num_dst: int) -> _CachedGraph:
+    def _add(self, edge_index: Tensor, num_src: int, num_dst: int) -> CachedGraph:
         # The copy is a normal tensor, so that a graph first met during inference serves training later.
         with torch.inference_mode(False):
-            graph = _CachedGraph(edge_index.clone(), num_src, num_dst)
+            graph = CachedGraph(edge_index.clone(), num_src, num_dst)
         with self._lock:
             self._graphs[id(graph)] = graph
             while len(self._graphs) > self.max_graphs:
@@ -350,16 +286,7 @@ def _identity_key(edge_index: Tensor, num_src: int, num_dst: int) -> tuple:
     )  # fmt: skip
 
 
-def _check_content_async(edge_index: Tensor, graph: _CachedGraph, copies: int) -> None:
-    """Enqueues a check that edge_index still holds its graph (no host sync): a RuntimeError on a mismatch, raised
-    at once on the CPU and as a device-side assertion on CUDA (module docstring)."""
-    torch._assert_async(
-        (edge_index == graph.content(copies)).all(),
-        "gtnorm: an inference tensor used as edge_index was changed in place after its graph layout was found",
-    )
-
-
-def _first_match(edge_index: Tensor, candidates: list[tuple[_CachedGraph, int]]) -> tuple[_CachedGraph, int] | None:
+def _first_match(edge_index: Tensor, candidates: list[tuple[CachedGraph, int]]) -> tuple[CachedGraph, int] | None:
     """The first (graph, copies) whose content edge_index holds: all compared on the device, one host sync."""
     if not candidates:
         return None

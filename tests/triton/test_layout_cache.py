@@ -339,6 +339,9 @@ def test_derived_graphs_live_in_their_parent_s_entry(count_layout_builds, count_
             inferred = parts[0].edge_index.clone()
         cache.register_derived_graph(inferred, parts[0].num_src, parts[0].num_dst, parent.edge_index,
                                      (parent.num_src, parent.num_dst))  # fmt: skip
+    with pytest.raises(ValueError, match="edge_index must"):
+        cache.register_derived_graph(parts[0].edge_index[0], parts[0].num_src, parts[0].num_dst, parent.edge_index,
+                                     (parent.num_src, parent.num_dst))  # fmt: skip
 
 
 def test_graph_values_are_computed_once_per_graph_and_derivation(count_layout_builds, count_compares):
