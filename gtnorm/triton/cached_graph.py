@@ -1,6 +1,6 @@
 """What the layout cache (layout_cache.py) keeps of one graph: a private copy of its content, to compare new tensors
 with, its layouts (built at the first lookup that needs one, B copies by offsetting the base layout), the values
-derived from it, and the graphs registered as derived from it (a mapper's chunks), which live in its entry."""
+derived from it; a graph registered as derived from another (a mapper's chunk) shares its parent's entry."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from gtnorm.triton.layout import GraphLayout
 
 @dataclass(eq=False)
 class CachedGraph:
-    """One graph the layout cache keeps: a copy of its content, its layouts by number of batch copies, values
-    derived from it, and the graphs registered as derived from it."""
+    """One graph the layout cache keeps: a copy of its content, its layouts by number of batch copies, and values
+    derived from it."""
 
     edge_index: Tensor  # [2, M]: a private copy of the content, to compare new tensors with (derived: the caller's)
     num_src: int
@@ -27,9 +27,8 @@ class CachedGraph:
     # (copies, derivation) -> a value computed from the content (LayoutCache.graph_value), e.g. a mapper chunk.
     values: dict[tuple, object] = field(default_factory=dict)
     # A graph made from another's content (LayoutCache.register_derived_graph, e.g. a mapper chunk's) lives in its
-    # parent's entry: found by identity, kept and evicted with the parent, not counted against max_graphs.
+    # parent's entry: found by identity (its alias holds it), evicted with the parent, not counted against max_graphs.
     parent: CachedGraph | None = None
-    derived: list[CachedGraph] = field(default_factory=list)
 
     @property
     def entry(self) -> CachedGraph:

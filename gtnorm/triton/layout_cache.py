@@ -189,8 +189,6 @@ class LayoutCache:
             raise ValueError(f"edge_index is on {edge_index.device} but its parent on {parent.device}")
         parent_graph, _ = self._find(parent, *_resolve_num_nodes(parent_num_nodes, 0))
         graph = CachedGraph(edge_index, num_src, num_dst, parent=parent_graph.entry)
-        with self._lock:
-            graph.parent.derived.append(graph)
         self._remember(_identity_key(edge_index, num_src, num_dst), edge_index, graph, 1)
 
     def _find(self, edge_index: Tensor, num_src: int, num_dst: int) -> tuple[CachedGraph, int]:
