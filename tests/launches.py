@@ -23,8 +23,11 @@ BY_SOURCE = "edge_softmax_backward_by_source_kernel"
 # The op's entry points, counted under these names beside the kernels.
 FORWARD_CALLS = "attention_forward()"
 BACKWARD_CALLS = "attention_backward()"
-# The PyG path of gtnorm's layer (what the Triton backend must not take).
+# The PyG path of gtnorm's layer where its kernels could have run (what the Triton backend must not take), and
+# where they could not (CPU tensors without the interpreter: on a CUDA machine, a test that builds on the CPU),
+# which Anemoi's Triton backend falls back from in the same way.
 PYG_CALLS = "reference_graph_transformer_attention()"
+PYG_CALLS_WITHOUT_KERNELS = "reference_graph_transformer_attention() where no kernel can run"
 
 
 def kernel_name(kernel) -> str:
@@ -37,6 +40,7 @@ def count_launches() -> Iterator[Counter]:
     """Counts, while the block runs: launches per kernel name (FORWARD, BY_DESTINATION, BY_SOURCE, the projection's
     and the column sums'), calls of the op's forward and backward (FORWARD_CALLS, BACKWARD_CALLS) and calls of the
     layer's PyG path (PYG_CALLS). Restores everything on exit, also after an exception."""
+    from gtnorm._runtime import triton_can_run_on
     from gtnorm.nn import conv
     from gtnorm.triton import ops
     from gtnorm.triton.launcher import Launcher
@@ -56,13 +60,18 @@ def count_launches() -> Iterator[Counter]:
         return wrapper
 
     pyg = conv.reference_graph_transformer_attention
+
+    def counted_pyg(query, *args, **kwargs):
+        counts[PYG_CALLS if triton_can_run_on(query.device) else PYG_CALLS_WITHOUT_KERNELS] += 1
+        return pyg(query, *args, **kwargs)
+
     Launcher.launch = counting_launch
     # ops' own functions call these by their module-level names (the custom ops were registered with wrappers that
     # look them up at call time: _attention_forward_op / _attention_backward_op), so patching the module covers the
     # eager Function, the custom ops and torch.compile's graphs alike.
     ops.attention_forward = counted(FORWARD_CALLS, forward)
     ops.attention_backward = counted(BACKWARD_CALLS, backward)
-    conv.reference_graph_transformer_attention = counted(PYG_CALLS, pyg)
+    conv.reference_graph_transformer_attention = counted_pyg
     try:
         yield counts
     finally:

@@ -10,7 +10,8 @@ kernels and never taken the PyG path. Anemoi's own run keeps the PyG backend (it
 The test files come from the source distribution of the installed anemoi-models version, which ``bash run.sh``
 downloads beside the environment when it installs it (``$VENV/anemoi-models-sdist``; another folder:
 ``GTNORM_ANEMOI_SDIST``). They run in a separate pytest process (their conftest and module names are Anemoi's),
-on the Triton interpreter without a GPU.
+on the Triton interpreter without a GPU. With one, a test that builds on the CPU takes the PyG path as Anemoi's
+Triton backend falls back there: counted apart (tests/launches.py), the kernels having no device to run on.
 """
 
 from __future__ import annotations
