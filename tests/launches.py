@@ -39,7 +39,8 @@ def kernel_name(kernel) -> str:
 def count_launches() -> Iterator[Counter]:
     """Counts, while the block runs: launches per kernel name (FORWARD, BY_DESTINATION, BY_SOURCE, the projection's
     and the column sums'), calls of the op's forward and backward (FORWARD_CALLS, BACKWARD_CALLS) and calls of the
-    layer's PyG path (PYG_CALLS). Restores everything on exit, also after an exception."""
+    layer's PyG path (PYG_CALLS where the kernels could have run on the query's device, PYG_CALLS_WITHOUT_KERNELS
+    where they could not). Restores everything on exit, also after an exception."""
     from gtnorm._runtime import triton_can_run_on
     from gtnorm.nn import conv
     from gtnorm.triton import ops
