@@ -14,6 +14,7 @@ from tests.launches import (
     FORWARD,
     FORWARD_CALLS,
     PYG_CALLS,
+    PYG_CALLS_WITHOUT_KERNELS,
     attention_ran,
     count_launches,
 )
@@ -45,3 +46,16 @@ def test_pyg_backend_launches_nothing_and_patches_are_undone():
     assert launches[PYG_CALLS] == 1 and launches[FORWARD] == launches[FORWARD_CALLS] == 0, launches
     assert attention_ran(launches) is not None
     assert Launcher.launch is launch and ops.attention_forward is forward
+
+
+def test_pyg_calls_where_no_kernel_can_run_are_counted_apart(monkeypatch):
+    """A CPU tensor on a CUDA machine without the interpreter has no kernel to run: its PyG call is not the Triton
+    backend failing (tests/anemoi/test_upstream.py asserts on PYG_CALLS alone)."""
+    import gtnorm._runtime
+
+    q, k, v, edge_index = _inputs()
+    conv = gtnorm.GraphTransformerConv(4, backend="pyg")
+    monkeypatch.setattr(gtnorm._runtime, "triton_can_run_on", lambda device: False)
+    with count_launches() as launches:
+        conv(q, k, v, None, edge_index)
+    assert (launches[PYG_CALLS], launches[PYG_CALLS_WITHOUT_KERNELS]) == (0, 1), launches
