@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from anemoi.models.layers import graph_provider as anemoi_graph_provider
 from anemoi.models.layers import mapper as anemoi_mapper
+from anemoi.models.layers import processor as anemoi_processor
 from anemoi.models.models import encoder_processor_decoder as anemoi_model
 from torch import nn
 
-from gtnorm.anemoi import graph_provider, mapper, model
+from gtnorm.anemoi import graph_provider, mapper, model, processor
 from gtnorm.anemoi.block import convert_blocks
 
 # Anemoi's classes -> gtnorm's subclasses that add methods only (no parameters, buffers or state_dict keys), so
@@ -15,6 +16,7 @@ from gtnorm.anemoi.block import convert_blocks
 _GTNORM_CLASSES = {
     anemoi_mapper.GraphTransformerForwardMapper: mapper.GraphTransformerForwardMapper,
     anemoi_mapper.GraphTransformerBackwardMapper: mapper.GraphTransformerBackwardMapper,
+    anemoi_processor.GraphTransformerProcessor: processor.GraphTransformerProcessor,
     anemoi_graph_provider.StaticGraphProvider: graph_provider.StaticGraphProvider,
     anemoi_model.AnemoiModelEncProcDec: model.AnemoiModelEncProcDec,
 }
@@ -29,6 +31,8 @@ def use_gtnorm_attention(module: nn.Module, graph_attention_backend: str | None 
       that the layers find their layouts with no host sync from the second step on
       (gtnorm/anemoi/graph_provider.py); the providers' node counts are read to the host here, once. Every
       graph-transformer mapper prepares its chunks once per graph, not every step (gtnorm/anemoi/mapper.py).
+    - A GraphTransformerProcessor can run its last layers outside gradient checkpointing (its
+      ``layers_outside_checkpoint``, 0 as converted: gtnorm/anemoi/processor.py).
     - An AnemoiModelEncProcDec adds its residual out of place: its backward needs no sorting index backward
       (gtnorm/anemoi/model.py).
 

@@ -1,8 +1,20 @@
-"""Anemoi's GraphTransformerProcessor with gtnorm's fused attention + QK norm in every block."""
+"""Anemoi's GraphTransformerProcessor with gtnorm's fused attention + QK norm in every block, and an explicit choice
+to run its last layers outside gradient checkpointing.
+
+Anemoi checkpoints the processor in chunks of num_layers / num_chunks layers: the backward runs each chunk's forward
+again, the whole processor's forward a second time. The last chunk is the first one the backward reaches, so the
+activations a kept layer holds live only from its forward through the decoder's forward and backward: where the
+step peaks elsewhere (in the encoder's or the first processor chunk's backward, as at O320) keeping them costs time
+nothing and the peak little. ``layers_outside_checkpoint`` says how many of the last layers run without a checkpoint
+(0 by default: Anemoi's peak); a kept layer's activations are about 12 x num_channels bytes per hidden node in fp16
+(~1 GiB at O320's 40,962 nodes x 1,024 channels, ~4 GiB at O800's 163,842).
+"""
 
 from __future__ import annotations
 
+import torch
 from anemoi.models.layers import processor as anemoi_processor
+from torch.utils.checkpoint import checkpoint
 
 from gtnorm.anemoi.block import convert_blocks
 
@@ -11,8 +23,46 @@ class GraphTransformerProcessor(anemoi_processor.GraphTransformerProcessor):
     """A drop-in for ``anemoi.models.layers.processor.GraphTransformerProcessor``: the same keyword arguments,
     the same parameters and state_dict keys, the same forward; its blocks run gtnorm's attention kernels with the
     QK norm fused (see :mod:`gtnorm.anemoi`). In a model config: ``_target_: gtnorm.anemoi.GraphTransformerProcessor``.
+
+    ``layers_outside_checkpoint`` (default 0): with gradient checkpointing on, this many of the last layers run
+    without a checkpoint, so the backward does not run them again (module docstring: the time and memory it trades).
+    Results are bitwise those of the fully checkpointed processor. :func:`gtnorm.anemoi.use_gtnorm_attention`
+    re-classes a built Anemoi processor to this class (0 layers kept, until set on the instance).
     """
 
-    def __init__(self, *, graph_attention_backend: str = "triton", **kwargs) -> None:
+    _layers_outside_checkpoint: int = 0  # a class default, so that an Anemoi processor re-classed in place has it
+
+    def __init__(
+        self, *, graph_attention_backend: str = "triton", layers_outside_checkpoint: int = 0, **kwargs
+    ) -> None:
         super().__init__(graph_attention_backend=graph_attention_backend, **kwargs)
+        self.layers_outside_checkpoint = layers_outside_checkpoint
         convert_blocks(self, graph_attention_backend)
+
+    @property
+    def layers_outside_checkpoint(self) -> int:
+        return self._layers_outside_checkpoint
+
+    @layers_outside_checkpoint.setter
+    def layers_outside_checkpoint(self, layers: int) -> None:
+        if isinstance(layers, bool) or not isinstance(layers, int) or not 0 <= layers <= self.num_layers:
+            raise ValueError(
+                f"layers_outside_checkpoint must be an int from 0 to num_layers ({self.num_layers}), got {layers!r}"
+            )
+        self._layers_outside_checkpoint = layers
+
+    def run_layers(self, data: tuple, *args, **kwargs) -> tuple:
+        kept = self.layers_outside_checkpoint
+        if kept == 0 or not (self.gradient_checkpointing and torch.is_grad_enabled()):
+            return super().run_layers(data, *args, **kwargs)
+        first_kept = self.num_layers - kept
+        # Anemoi's chunks, the one that reaches the kept layers cut short at them.
+        for chunk_start in range(0, first_kept, self.chunk_size):
+            chunk_end = min(chunk_start + self.chunk_size, first_kept)
+            data = checkpoint(self._run_layer_range, chunk_start, chunk_end, data, *args, use_reentrant=False, **kwargs)
+        return self._run_layer_range(first_kept, self.num_layers, data, *args, **kwargs)
+
+    def _run_layer_range(self, start: int, end: int, data: tuple, *args, **kwargs) -> tuple:
+        for layer_id in range(start, end):
+            data = self.proc[layer_id](*data, *args, **kwargs)
+        return data

@@ -240,6 +240,18 @@ def test_variant_options(graph, monkeypatch):
         run.Variant.parse("gtnorm/blocks/fast")
 
 
+@pytest.mark.parametrize(
+    ("option", "kept"), [("keeplayer", 1), ("keepchunk", TINY.num_layers // TINY.processor_chunks)]
+)
+def test_processor_keep_options(graph, option, kept):
+    """keeplayer / keepchunk set gtnorm's processor's layers_outside_checkpoint; Anemoi's side refuses them."""
+    case = run.Case(run.Variant.parse(f"gtnorm/default/{option}"), TINY, run.TINY_DATA, graph, torch.float16,
+                    torch.device("cpu"))  # fmt: skip
+    assert case.model.processor.layers_outside_checkpoint == kept
+    with pytest.raises(ValueError, match="gtnorm's only"):
+        run.Variant.parse(f"anemoi/blocks/{option}")
+
+
 def test_compiled_variants_do_not_share_a_process():
     """Two compiled variants would share Anemoi's forward methods' compiled graphs (and their recompile limit) in
     one process: the benchmark isolates them; eager variants beside one compiled variant may share."""
