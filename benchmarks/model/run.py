@@ -78,10 +78,10 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # parts of NODE_CHUNK_ROWS rows (their node_chunk_rows); efused: gtnorm's lin_edge fused into the kernels on every
 # graph of 200k edges or more (the decoder's too, which config.edge_projection_pays materialises below 2^31 feature
 # elements); ckptall: gtnorm's decoder checkpoints its last chunk too, as Anemoi's loop does (gtnorm keeps it);
-# keeplayer / keepchunk: gtnorm's processor runs its last layer / its last chunk of layers outside the checkpoints
-# (layers_outside_checkpoint; Anemoi's processor has no such choice).
-OPTIONS = ("nockpt", "efull", "limit64", "static", "mlpckpt", "efused", "ckptall", "keeplayer", "keepchunk")
-GTNORM_ONLY_OPTIONS = ("keeplayer", "keepchunk")  # on Anemoi's side they would change nothing
+# keep<N> (keep1, keep3, ...): gtnorm's processor runs its last N layers outside the checkpoints
+# (layers_outside_checkpoint; Anemoi's processor has no such choice, so Anemoi's side refuses it).
+OPTIONS = ("nockpt", "efull", "limit64", "static", "mlpckpt", "efused", "ckptall")
+KEEP_OPTION = re.compile(r"keep(\d+)")
 PROCESS_OPTIONS = ("limit64", "static", "efused", "ckptall")  # set for the whole process
 NODE_CHUNK_ROWS = 2**17
 
@@ -110,11 +110,17 @@ class Variant:
     @classmethod
     def parse(cls, name: str) -> Variant:
         side, mode, *options = name.split("/")
-        if not set(options) <= set(OPTIONS):
-            raise ValueError(f"unknown variant option in {name!r} (known: {', '.join(OPTIONS)})")
-        if side == "anemoi" and set(options) & set(GTNORM_ONLY_OPTIONS):
-            raise ValueError(f"{name!r}: options {', '.join(GTNORM_ONLY_OPTIONS)} are gtnorm's only")
+        if not all(option in OPTIONS or KEEP_OPTION.fullmatch(option) for option in options):
+            raise ValueError(f"unknown variant option in {name!r} (known: {', '.join(OPTIONS)}, keep<N>)")
+        if side == "anemoi" and any(KEEP_OPTION.fullmatch(option) for option in options):
+            raise ValueError(f"{name!r}: keep<N> is gtnorm's only")
         return cls(side, mode, tuple(options))
+
+    @property
+    def processor_layers_kept(self) -> int:
+        """N of a keep<N> option, else 0."""
+        kept = [int(m.group(1)) for m in map(KEEP_OPTION.fullmatch, self.options) if m]
+        return kept[-1] if kept else 0
 
     @property
     def name(self) -> str:
@@ -147,9 +153,8 @@ class Case:
         finally:
             gtnorm_block.FUSE_EDGE_PROJECTION = fuse
         model.processor.gradient_checkpointing = "nockpt" not in variant.options
-        if "keeplayer" in variant.options or "keepchunk" in variant.options:
-            processor = model.processor
-            processor.layers_outside_checkpoint = 1 if "keeplayer" in variant.options else processor.chunk_size
+        if variant.processor_layers_kept:
+            model.processor.layers_outside_checkpoint = variant.processor_layers_kept
         if "mlpckpt" in variant.options:
             for mapper in model.modules():
                 if isinstance(mapper, gtnorm_mapper._NodeChunkRows):

@@ -240,16 +240,20 @@ def test_variant_options(graph, monkeypatch):
         run.Variant.parse("gtnorm/blocks/fast")
 
 
-@pytest.mark.parametrize(
-    ("option", "kept"), [("keeplayer", 1), ("keepchunk", TINY.num_layers // TINY.processor_chunks)]
-)
-def test_processor_keep_options(graph, option, kept):
-    """keeplayer / keepchunk set gtnorm's processor's layers_outside_checkpoint; Anemoi's side refuses them."""
-    case = run.Case(run.Variant.parse(f"gtnorm/default/{option}"), TINY, run.TINY_DATA, graph, torch.float16,
+@pytest.mark.parametrize("kept", [1, TINY.num_layers])
+def test_processor_keep_option(graph, kept):
+    """keep<N> sets gtnorm's processor's layers_outside_checkpoint (more layers than it has: refused as it is built);
+    Anemoi's side refuses the option."""
+    case = run.Case(run.Variant.parse(f"gtnorm/default/keep{kept}"), TINY, run.TINY_DATA, graph, torch.float16,
                     torch.device("cpu"))  # fmt: skip
     assert case.model.processor.layers_outside_checkpoint == kept
+    with pytest.raises(ValueError, match="layers_outside_checkpoint"):
+        run.Case(run.Variant.parse(f"gtnorm/default/keep{TINY.num_layers + 1}"), TINY, run.TINY_DATA, graph,
+                 torch.float16, torch.device("cpu"))  # fmt: skip
     with pytest.raises(ValueError, match="gtnorm's only"):
-        run.Variant.parse(f"anemoi/blocks/{option}")
+        run.Variant.parse(f"anemoi/blocks/keep{kept}")
+    with pytest.raises(ValueError, match="unknown variant option"):
+        run.Variant.parse("gtnorm/blocks/keepall")
 
 
 def test_compiled_variants_do_not_share_a_process():
