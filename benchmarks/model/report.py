@@ -3,6 +3,7 @@ table (``model_table``, written by ``python -m benchmarks.report``)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from benchmarks.anemoi.report import _cell, _measured
@@ -30,9 +31,11 @@ def _ok(row: dict, name: str, mode: str) -> dict:
 
 
 def _in_default_config(name: str) -> bool:
-    """Whether a variant runs the config as users have it: checkpointing on (``nockpt`` trades memory for time).
+    """Whether a variant runs the config as users have it: checkpointing on (``nockpt`` trades memory for time, as
+    does ``keep<N>``, gtnorm's processor with its last N layers outside the checkpoints: an explicit choice).
     ``limit64`` (a user's compile setting, named in the table's cells) and ``efull`` keep the config."""
-    return "nockpt" not in name.split("/")[2:]
+    options = name.split("/")[2:]
+    return "nockpt" not in options and not any(re.fullmatch(r"keep\d+", option) for option in options)
 
 
 def best(row: dict, side: str, mode: str) -> tuple[str, dict] | None:
@@ -93,7 +96,8 @@ def markdown(results: dict) -> str:
         "Variants: SIDE/MODE. anemoi = Anemoi's Triton backend; gtnorm = the built model converted by "
         "use_gtnorm_attention; gtnorm_config = the config switch alone. default = the default `compile:` list "
         "(compiles nothing); blocks = the side's block classes listed; whole = torch.compile(model); /nockpt = the "
-        "processor without gradient checkpointing.",
+        "processor without gradient checkpointing; /keep<N> = gtnorm's processor with its last N layers outside the "
+        "checkpoints (layers_outside_checkpoint). Neither is picked as a side's fastest: both trade memory for time.",
     ]
     for row in results["rows"]:
         lines += ["", f"## {GRAPH_NAMES.get(row['graph'], row['graph'])}, QK norm {NORM_NAMES[row['norm']]}, "

@@ -4,10 +4,11 @@ to run its last layers outside gradient checkpointing.
 Anemoi checkpoints the processor in chunks of num_layers / num_chunks layers: the backward runs each chunk's forward
 again, the whole processor's forward a second time. The last chunk is the first one the backward reaches, so the
 activations a kept layer holds live only from its forward through the decoder's forward and backward: where the
-step peaks elsewhere (in the encoder's or the first processor chunk's backward, as at O320) keeping them costs time
-nothing and the peak little. ``layers_outside_checkpoint`` says how many of the last layers run without a checkpoint
-(0 by default: Anemoi's peak); a kept layer's activations are about 12 x num_channels bytes per hidden node in fp16
-(~1 GiB at O320's 40,962 nodes x 1,024 channels, ~4 GiB at O800's 163,842).
+step peaks elsewhere (in the first processor chunk's backward, as at O320) the first kept layer fits under that peak.
+``layers_outside_checkpoint`` says how many of the last layers run without a checkpoint (0 by default: Anemoi's
+checkpointing and peak). Measured at O320 on an H200 (40,962 hidden nodes x 1,024 channels, fp16, benchmarks/NOTES.md
+v38): each kept layer saves ~3.5 ms a step and, past the first, adds ~1.3 GiB to the peak; at O800's 163,842 nodes
+about four times both.
 """
 
 from __future__ import annotations
