@@ -114,3 +114,20 @@ def test_an_anemoi_processor_converted_in_place_can_keep_layers(device):
     calls = layer_calls(processor)
     training_step(processor, CASE, make_inputs(CASE, device))
     assert calls == [2] * (NUM_LAYERS - 1) + [1]
+
+
+def test_a_compile_list_names_gtnorm_s_processor_for_a_converted_model():
+    """anemoi-models' mark_for_compilation matches the exact class: once converted, the processor is gtnorm's."""
+    from anemoi.models.layers.processor import GraphTransformerProcessor as AnemoiProcessor
+    from anemoi.models.utils.compile import mark_for_compilation
+    from omegaconf import OmegaConf
+
+    model = torch.nn.Module()
+    model.processor = AnemoiProcessor(**CASE.arguments("pyg") | dict(num_layers=NUM_LAYERS))
+    gtnorm.anemoi.use_gtnorm_attention(model, "pyg")
+    mark_for_compilation(
+        model, OmegaConf.create([{"module": "anemoi.models.layers.processor.GraphTransformerProcessor"}])
+    )
+    assert getattr(model.processor, "_compiled_call_impl", None) is None
+    mark_for_compilation(model, OmegaConf.create([{"module": "gtnorm.anemoi.GraphTransformerProcessor"}]))
+    assert getattr(model.processor, "_compiled_call_impl", None) is not None
