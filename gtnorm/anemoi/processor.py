@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 from anemoi.models.layers import processor as anemoi_processor
-from torch.utils.checkpoint import checkpoint
+from anemoi.models.layers.utils import maybe_checkpoint
 
 from gtnorm.anemoi.block import convert_blocks
 
@@ -53,14 +53,16 @@ class GraphTransformerProcessor(anemoi_processor.GraphTransformerProcessor):
         self._layers_outside_checkpoint = layers
 
     def run_layers(self, data: tuple, *args, **kwargs) -> tuple:
-        kept = self.layers_outside_checkpoint
-        if kept == 0 or not (self.gradient_checkpointing and torch.is_grad_enabled()):
-            return super().run_layers(data, *args, **kwargs)
+        # Anemoi's loop (maybe_checkpoint around each chunk), the chunk that reaches the kept layers cut short at
+        # them. Written out rather than handing the default to Anemoi's run_layers: one call deeper, a compiled
+        # processor under a model group breaks once more at the same log line (tests/distributed).
+        kept = self.layers_outside_checkpoint if self.gradient_checkpointing and torch.is_grad_enabled() else 0
         first_kept = self.num_layers - kept
-        # Anemoi's chunks, the one that reaches the kept layers cut short at them.
         for chunk_start in range(0, first_kept, self.chunk_size):
             chunk_end = min(chunk_start + self.chunk_size, first_kept)
-            data = checkpoint(self._run_layer_range, chunk_start, chunk_end, data, *args, use_reentrant=False, **kwargs)
+            data = maybe_checkpoint(
+                self._run_layer_range, self.gradient_checkpointing, chunk_start, chunk_end, data, *args, **kwargs
+            )
         return self._run_layer_range(first_kept, self.num_layers, data, *args, **kwargs)
 
     def _run_layer_range(self, start: int, end: int, data: tuple, *args, **kwargs) -> tuple:
