@@ -53,16 +53,17 @@ class GraphTransformerProcessor(anemoi_processor.GraphTransformerProcessor):
         self._layers_outside_checkpoint = layers
 
     def run_layers(self, data: tuple, *args, **kwargs) -> tuple:
-        # Anemoi's loop (maybe_checkpoint around each chunk), the chunk that reaches the kept layers cut short at
+        # Anemoi's loop (maybe_checkpoint around run_layer_chunk), the chunk that reaches the kept layers cut short at
         # them. Written out rather than handing the default to Anemoi's run_layers: one call deeper, a compiled
         # processor under a model group breaks once more at the same log line (tests/distributed).
         kept = self.layers_outside_checkpoint if self.gradient_checkpointing and torch.is_grad_enabled() else 0
         first_kept = self.num_layers - kept
         for chunk_start in range(0, first_kept, self.chunk_size):
-            chunk_end = min(chunk_start + self.chunk_size, first_kept)
-            data = maybe_checkpoint(
-                self._run_layer_range, self.gradient_checkpointing, chunk_start, chunk_end, data, *args, **kwargs
-            )
+            enabled = self.gradient_checkpointing
+            if chunk_start + self.chunk_size <= first_kept:
+                data = maybe_checkpoint(self.run_layer_chunk, enabled, chunk_start, data, *args, **kwargs)
+            else:
+                data = maybe_checkpoint(self._run_layer_range, enabled, chunk_start, first_kept, data, *args, **kwargs)
         return self._run_layer_range(first_kept, self.num_layers, data, *args, **kwargs)
 
     def _run_layer_range(self, start: int, end: int, data: tuple, *args, **kwargs) -> tuple:
