@@ -22,6 +22,7 @@ MODES = {"train": "training step", "infer": "inference"}
 TIMED_COLUMNS = (("ms", ".1f"), ("peak_mib", ".0f"))  # per mode, as the table's columns
 DEFAULT_MAPPER_CHUNKS = 4  # rows from before the chunk axis ran the config's
 DEFAULT_RECOMPILE_LIMIT = 8  # torch's; the first runs raised it to 64 on both sides (their rows say so)
+KEEP_OPTION = re.compile(r"keep(\d+)")  # a variant's keep<N>: gtnorm's processor with its last N layers kept
 
 
 def _ok(row: dict, name: str, mode: str) -> dict:
@@ -35,7 +36,7 @@ def _in_default_config(name: str) -> bool:
     does ``keep<N>``, gtnorm's processor with its last N layers outside the checkpoints: an explicit choice).
     ``limit64`` (a user's compile setting, named in the table's cells) and ``efull`` keep the config."""
     options = name.split("/")[2:]
-    return "nockpt" not in options and not any(re.fullmatch(r"keep\d+", option) for option in options)
+    return "nockpt" not in options and not any(KEEP_OPTION.fullmatch(option) for option in options)
 
 
 def best(row: dict, side: str, mode: str) -> tuple[str, dict] | None:

@@ -61,7 +61,7 @@ from benchmarks.model.build import (
 )
 from benchmarks.model.config import DataSpec, ModelSpec
 from benchmarks.model.graph import MODEL_GRAPHS, build_model_graph
-from benchmarks.model.report import print_summary, write_outputs
+from benchmarks.model.report import KEEP_OPTION, print_summary, write_outputs
 from gtnorm.anemoi import block as gtnorm_block
 from gtnorm.anemoi import mapper as gtnorm_mapper
 from gtnorm.triton import config as gtnorm_triton_config
@@ -81,7 +81,6 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # keep<N> (keep1, keep3, ...): gtnorm's processor runs its last N layers outside the checkpoints
 # (layers_outside_checkpoint; Anemoi's processor has no such choice, so Anemoi's side refuses it).
 OPTIONS = ("nockpt", "efull", "limit64", "static", "mlpckpt", "efused", "ckptall")
-KEEP_OPTION = re.compile(r"keep(\d+)")
 PROCESS_OPTIONS = ("limit64", "static", "efused", "ckptall")  # set for the whole process
 NODE_CHUNK_ROWS = 2**17
 
