@@ -28,8 +28,8 @@ from torch.profiler import ProfilerActivity, profile
 
 import gtnorm
 from benchmarks.graphs.catalog import load_graph
+from gtnorm.triton import attention_launch, edge_projection_launch
 from gtnorm.triton import config as launch_config
-from gtnorm.triton import edge_projection_launch, ops
 from gtnorm.triton.launcher import Launcher
 
 KERNELS = {
@@ -92,15 +92,24 @@ def floor_bytes(n_src: int, n_dst: int, n_edges: int, row_bytes: int, index_byte
     return forward, backward
 
 
-LAUNCH_MODULES = (ops, edge_projection_launch)
+LAUNCH_MODULES = (attention_launch, edge_projection_launch)
 LAUNCHERS = [value for module in LAUNCH_MODULES for value in vars(module).values() if isinstance(value, Launcher)]
+
+
+def swept_kernels() -> dict:
+    """KERNELS' Triton functions by name, found through the launch modules' Launchers (a kernel moved between
+    modules is still found; one no Launcher launches is an error, not a silently missing column)."""
+    by_name = {launcher.kernel.fn.__name__: launcher.kernel for launcher in LAUNCHERS}
+    missing = set(KERNELS) - set(by_name)
+    if missing:
+        raise RuntimeError(f"no Launcher in {[m.__name__ for m in LAUNCH_MODULES]} launches {sorted(missing)}")
+    return {name: by_name[name] for name in KERNELS}
 
 
 def record_compiled_kernels() -> dict:
     """Wraps the kernels' launch so the compiled kernel objects (with n_regs, n_spills) can be read back."""
     compiled = {}
-    for name in KERNELS:
-        kernel = next(vars(m)[name] for m in LAUNCH_MODULES if name in vars(m))
+    for name, kernel in swept_kernels().items():
         launch = kernel.run
 
         def run(*args, _launch=launch, _name=name, **kwargs):
