@@ -4,9 +4,10 @@ Notation per head: q' = norm(q) * w_q (+ b_q), k' = norm(k) * w_k (+ b_k), s_ij 
 a_ij = softmax_j(s_ij), out_i = sum_j a_ij (v_j + e_ij), dO = dL/dout.
 
 Each pass walks, per program, one contiguous stretch of edges that holds a run of consecutive node slots
-(GraphLayout), one edge per step, restarting its sums at every node's first edge and finishing the node at
-its last: one loop over the stretch, not one per node, lets Triton's software pipeliner keep the next
-edges' rows in flight across node boundaries (sources of the encoders have ~1.6 edges, too few to hide a
+(GraphLayout), one edge per step, finishing a node at its last edge and restarting its sums there (zeros once
+per node in that branch, not a select at every edge: both passes ~5 % faster, benchmarks/NOTES.md v39): one
+loop over the stretch, not one per node, lets Triton's software pipeliner keep the next edges' rows in flight
+across node boundaries (sources of the encoders have ~1.6 edges, too few to hide a
 load's latency on their own).
 
 Pass 1, by destination:
@@ -155,8 +156,7 @@ def _by_destination_step(
             stats_row = query_stats_ptr + node.to(tl.int64) * (2 * H) + offs_h[:, None]
             tl.store(stats_row, mean_q, mask=head_mask[:, None])
             tl.store(stats_row + H, rstd_q, mask=head_mask[:, None])
-        # The sums restart here, at the node's last edge, not at the next node's first: inside this branch the
-        # zeros cost once per node, where selects at every edge cost 2.6 lane-operations per element (NOTES v26).
+        # The sums restart here, at the node's last edge (module docstring).
         delta = tl.zeros_like(delta)
         a_sum = tl.zeros_like(a_sum)
         acc_a = tl.zeros_like(acc_a)
