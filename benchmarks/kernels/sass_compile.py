@@ -8,12 +8,10 @@ kernel, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32)).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -23,7 +21,6 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
-from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -63,61 +60,31 @@ class CompiledLaunch:
     dropped: list[str]  # launch keywords that are neither this kernel's parameters nor compile options
 
 
-@contextlib.contextmanager
-def _as_jit_functions(kernel):
-    """Yields ``kernel`` as a JITFunction. Under TRITON_INTERPRET=1 (the tests' conftest sets it on a CPU) triton.jit
-    made InterpretedFunctions, which Triton's code generator cannot compile: gtnorm's kernels and helpers, and
-    triton.language's own jit functions (tl.zeros, tl.sum, ...), which it would call as Python, patching
-    triton.language for the interpreter for the rest of the process. For the duration, every module attribute
-    holding one holds a JITFunction of the same Python function instead. (Tensor-method forms such as x.sum() are
-    not swapped; gtnorm's kernels call the functions.)"""
-    if isinstance(kernel, JITFunction):
-        yield kernel
-        return
-    swapped = []  # (module dict, name, InterpretedFunction)
-    for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
-            continue
-        for name, value in list(namespace.items()):
-            if type(value) is InterpretedFunction:  # not isinstance: it would touch deprecated lazy attributes
-                swapped.append((namespace, name, value))
-                namespace[name] = _jit_function(value)
-    try:
-        yield _jit_function(kernel)
-    finally:
-        for namespace, name, value in swapped:
-            namespace[name] = value
-
-
-_JIT_FUNCTIONS: dict[InterpretedFunction, JITFunction] = {}  # one each, so Triton hashes each source once
-
-
-def _jit_function(interpreted: InterpretedFunction) -> JITFunction:
-    if interpreted not in _JIT_FUNCTIONS:
-        _JIT_FUNCTIONS[interpreted] = JITFunction(interpreted.fn, **interpreted.kwargs)
-    return _JIT_FUNCTIONS[interpreted]
-
-
 def compile_launch(kernel, launch, target: GPUTarget = SM90) -> CompiledLaunch:
     backend = make_backend(target)
     kwargs = dict(launch.kwargs)
-    with _as_jit_functions(kernel) as kernel:
-        # What JITFunction.run adds before binding.
-        kwargs.setdefault("debug", bool(kernel.debug) or knobs.runtime.debug)
-        kwargs.setdefault("instrumentation_mode", knobs.compilation.instrumentation_mode)
-        # A copy's kernel may not take a constexpr the plan passes; that keyword is dropped, and reported.
-        options = backend.parse_options({}).__dict__
-        dropped = [k for k in kwargs if k not in kernel.signature.parameters and k not in options]
-        for k in dropped:
-            kwargs.pop(k)
-        if os.environ.get("TRITON_PTXAS_BLACKWELL_PATH", "").endswith("/ptxas"):  # the legacy ptxas
-            kwargs.setdefault("ptx_version", LEGACY_PTX_VERSION)
-        binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-        bound_args, specialization, options = binder(*launch.args, **kwargs)
-        options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, options)
-        source = ASTSource(kernel, signature, constexprs, attrs)
-        binary = triton.compile(source, target=target, options=options.__dict__)
+    if not isinstance(kernel, JITFunction):
+        # Under TRITON_INTERPRET=1 triton.jit makes InterpretedFunctions, and the interpreter leaves triton.language
+        # patched for itself once a jit function has been called from Python: no compile is sound in such a process.
+        raise RuntimeError(
+            f"{getattr(kernel, '__name__', kernel)} is not a compilable Triton kernel ({type(kernel).__name__}): "
+            "run sass_count without TRITON_INTERPRET=1"
+        )
+    # What JITFunction.run adds before binding.
+    kwargs.setdefault("debug", bool(kernel.debug) or knobs.runtime.debug)
+    kwargs.setdefault("instrumentation_mode", knobs.compilation.instrumentation_mode)
+    # A copy's kernel may not take a constexpr the plan passes; that keyword is dropped, and reported.
+    options = backend.parse_options({}).__dict__
+    dropped = [k for k in kwargs if k not in kernel.signature.parameters and k not in options]
+    for k in dropped:
+        kwargs.pop(k)
+    if os.environ.get("TRITON_PTXAS_BLACKWELL_PATH", "").endswith("/ptxas"):  # the legacy ptxas
+        kwargs.setdefault("ptx_version", LEGACY_PTX_VERSION)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound_args, specialization, options = binder(*launch.args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, options)
+    source = ASTSource(kernel, signature, constexprs, attrs)
+    binary = triton.compile(source, target=target, options=options.__dict__)
     return CompiledLaunch(binary, signature, attrs, dropped)
 
 

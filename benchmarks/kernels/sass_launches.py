@@ -138,7 +138,7 @@ def load_module(spec: str):
 
 def resolve_kernels(modules: list[str]) -> dict[str, tuple[object, str]]:
     """short name -> (the kernel, where it came from): the package's, unless one of ``modules`` (later ones win)
-    defines a function of the same name. Under TRITON_INTERPRET=1 the kernels are InterpretedFunctions."""
+    defines a function of the same name."""
     found = {
         short: (getattr(importlib.import_module(default), fn_name), default)
         for short, (_, fn_name, default) in KERNELS.items()

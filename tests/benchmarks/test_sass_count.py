@@ -1,17 +1,24 @@
 """benchmarks/kernels/sass_count on the CPU: the SASS reader on a hand-written listing whose loops are known, and the
-three walk kernels compiled for sm_90 end to end, under the TRITON_INTERPRET=1 the CPU tests run with
-(sass_compile swaps the interpreter's functions for JITFunctions while it compiles).
+three walk kernels compiled for sm_90 end to end by the command line in a process of its own: the CPU tests run
+under TRITON_INTERPRET=1, whose jit functions cannot be compiled, and whose interpreter leaves triton.language patched
+for itself once any test has called a jit function from Python.
 
 Needs the ptxas, cuobjdump and nvdisasm that triton's pip wheels bundle: without them the tests fail, saying so.
 """
 
 from __future__ import annotations
 
-import pytest
-import triton.language as tl
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-from benchmarks.kernels import sass_compile, sass_count, sass_launches, sass_loops
+import pytest
+
+from benchmarks.kernels import sass_compile, sass_launches, sass_loops
 from benchmarks.kernels.sass_launches import KERNELS
+
+REPO = Path(__file__).resolve().parents[2]
 
 # An edge loop (0x40..0xf0) under a loop over slots (0x30..0x120): at the last edge of a node (@P1 BRA not taken)
 # the loop also runs 0x90..0xb0, the per-iteration branch; the NOP is padding. After the EXIT, the `BRA self`
@@ -120,41 +127,37 @@ def test_launch_overrides():
     assert launch.kwargs["maxnreg"] == 160
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    """The rms variant's three kernels, compiled into a fresh cache: (rows by kernel, triton.language's objects
-    before, after)."""
-    language = lambda: (tl.zeros, tl.sum, tl.range)  # InterpretedFunctions and a class, under the interpreter
-    before = language()
-    cache = str(tmp_path_factory.mktemp("triton_cache"))
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in sass_compile.toolchain_environment("legacy", cache).items():
-            env.setenv(name, value)
-        rows = sass_count.count_kernels(list(KERNELS), ["rms"])
-    return {row.kernel: row for row in rows}, before, language()
+def test_the_command_line_compiles_every_walk_for_sm90(tmp_path):
+    """The rms variant's three kernels through `python -m benchmarks.kernels.sass_count`, in a fresh process without
+    the interpreter: a table row per kernel whose loop counts add up, and the dumps -v and --dump write."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    command = [sys.executable, "-m", "benchmarks.kernels.sass_count", "--variant", "rms", "--dump", str(tmp_path)]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["kernel", "variant", "w"])
+    columns = lines[header].replace("|", " ").replace("spill st/ld", "spill").split()  # "0/0": stores / loads
+    rows = {}
+    for line in lines[header + 2 : header + 2 + len(KERNELS)]:
+        fields = line.replace("|", " ").split()
+        rows[fields[0]] = dict(zip(columns, fields, strict=True))
+    assert set(rows) == set(KERNELS)
+    for short, row in rows.items():
+        assert row["variant"] == "rms"
+        assert 0 < int(row["regs"]) <= 255 and row["spill"] == "0/0", row
+        loop, every, total = int(row["loop"]), int(row["every"]), int(row["total"])
+        # The walks' edge loops hold 200 to 1,000 instructions (bf16, H=16, C=64).
+        assert 100 <= loop < total <= 5000 and 0 < every <= loop, row
+        assert sum(int(row[category]) for category in sass_loops.CATEGORIES) == loop, row
+        assert int(row["mem"]) > 0 and int(row["fp32"]) > 0
+        sass = (tmp_path / f"{short}-rms.sass").read_text()
+        assert KERNELS[short][1] in sass
+        assert (tmp_path / f"{short}-rms.loop.sass").read_text().startswith("// hot loop")
 
 
-@pytest.mark.parametrize("short", list(KERNELS))
-def test_a_real_kernel_compiles_for_sm90_with_a_hot_loop(compiled, short):
-    row = compiled[0][short]
-    count = row.counts
-    assert 0 < row.regs <= 255
-    assert KERNELS[short][1] in count.sass
-    assert count.hot is not None and count.hot.innermost
-    # The walks' edge loops hold 200 to 1,000 instructions (bf16, H=16, C=64).
-    assert 100 <= count.loop_len < count.total <= 5000
-    assert 0 < count.loop_every <= count.loop_len
-    assert sum(count.loop_categories.values()) == count.loop_len
-    assert count.loop_categories["mem"] > 0 and count.loop_categories["fp32"] > 0
-
-
-def test_compiling_leaves_triton_language_as_it_was(compiled):
-    _, before, after = compiled
-    assert all(a is b for a, b in zip(before, after, strict=True))
-
-
-def test_the_table_prints_a_row_per_kernel(compiled, capsys):
-    sass_count.print_table(list(compiled[0].values()))
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:3] == ["kernel", "variant", "w"]
-    assert [line.split()[:2] for line in lines[2:5]] == [[short, "rms"] for short in KERNELS]
+def test_compiling_an_interpreted_kernel_is_refused():
+    interpreted = type("InterpretedFunction", (), {"__name__": "walk_kernel"})()
+    launch = sass_launches.Launch((1,), (), {})
+    with pytest.raises(RuntimeError, match="walk_kernel is not a compilable Triton kernel.*TRITON_INTERPRET"):
+        sass_compile.compile_launch(interpreted, launch)
