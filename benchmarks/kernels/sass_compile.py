@@ -45,7 +45,9 @@ def toolchain_environment(ptxas: str, cache_dir: str | None = None) -> dict[str,
         # triton 3.6's default (3.9 warns that it will change)
         "TRITON_DEFAULT_FP_FUSION": os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"),
         # legacy and triton assemble different binaries from the same cache key
-        "TRITON_CACHE_DIR": cache_dir or str(Path(tempfile.gettempdir()) / "sass_count_cache" / ptxas),
+        # under a cache the caller chose (a test's fresh one), else the temporary directory
+        "TRITON_CACHE_DIR": cache_dir
+        or str(Path(os.environ.get("TRITON_CACHE_DIR") or tempfile.gettempdir()) / "sass_count_cache" / ptxas),
     }
     if ptxas == "legacy":
         env["TRITON_PTXAS_BLACKWELL_PATH"] = str(nvidia_tool("ptxas"))
