@@ -110,7 +110,7 @@ def resource_usage(cubin: bytes) -> dict[str, int]:
 
 
 def ptxas_info(ptx: str, options: dict) -> dict:
-    """Registers, spill bytes and stack frame from `ptxas -v` on the PTX, with the flags triton's make_cubin passes
+    """Registers and spill bytes from `ptxas -v` on the PTX, with the flags triton's make_cubin passes
     (the PTX carries .maxnreg): the binary itself does not record its spills."""
     ptxas = get_ptxas(SM90.arch).path
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,6 +134,4 @@ def ptxas_info(ptx: str, options: dict) -> dict:
         info["regs"] = int(m.group(1))
     if m := re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log):
         info["spill_st"], info["spill_ld"] = int(m.group(1)), int(m.group(2))
-    if m := re.search(r"(\d+) bytes stack frame", log):
-        info["stack"] = int(m.group(1))
     return info

@@ -44,7 +44,6 @@ class KernelCount:
     regs: int
     spill_st: int  # bytes
     spill_ld: int
-    stack: int
     counts: SassCount
     compiled: sass_compile.CompiledLaunch
 
@@ -71,7 +70,6 @@ def count_kernel(kernel, origin: str, short: str, variant: str, launch: sass_lau
         regs=info.get("regs"),
         spill_st=info.get("spill_st", 0),
         spill_ld=info.get("spill_ld", 0),
-        stack=info.get("stack", 0),
         counts=sass_loops.count_sass(sass_compile.disassemble(binary.asm["cubin"])),
         compiled=compiled,
     )

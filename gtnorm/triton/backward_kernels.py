@@ -7,8 +7,7 @@ Each pass walks, per program, one contiguous stretch of edges that holds a run o
 (GraphLayout), one edge per step, finishing a node at its last edge and restarting its sums there (zeros once
 per node in that branch, not a select at every edge: both passes ~5 % faster, benchmarks/NOTES.md v39): one
 loop over the stretch, not one per node, lets Triton's software pipeliner keep the next edges' rows in flight
-across node boundaries (sources of the encoders have ~1.6 edges, too few to hide a
-load's latency on their own).
+across node boundaries (sources of the encoders have ~1.6 edges, too few to hide a load's latency on their own).
 
 Pass 1, by destination:
     da_ij = <dO_i, v_j + e_ij>,   D_i = sum_j a_ij da_ij / sum_j a_ij   (= <dO_i, out_i>, from fp32 terms)
