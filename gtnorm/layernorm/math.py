@@ -54,6 +54,14 @@ def layer_norm_stats(x, n_cols, eps, AXIS: tl.constexpr):
 
 
 @triton.jit
+def layer_norm_centred(x, n_cols, eps, AXIS: tl.constexpr):
+    """(x - mean, 0 on padding lanes; rstd kept as a size-1 axis) along AXIS (the last axis): what a caller that
+    applies the normalisation to a product rather than to the row itself needs (x_hat = centred * rstd)."""
+    _, centred, rstd = _moments(x, n_cols, eps, AXIS)
+    return centred, rstd
+
+
+@triton.jit
 def layer_norm_forward(x, w, b, n_cols, eps, AXIS: tl.constexpr):
     """x_hat * w + b along AXIS (the last axis), x_hat from the statistics' centred row (recomputing x - mean cost one
     more instruction per element of every gathered key). 0 on padding lanes where w and b are 0 there; padding rows

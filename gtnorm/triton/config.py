@@ -35,6 +35,10 @@ _BY_DESTINATION_MAX_REGISTERS = 160
 # With the fused edge projection that pass carries two more [heads, D + 1] tiles and loads two more per edge: under
 # the cap it spilled; the compiler's own register count (~235) measured 11-18 % faster than the cap of 160 and
 # than 4 heads per program (benchmarks/NOTES.md, v10).
+# With the fused edge projection the by-source pass reads no edge rows; its LayerNorm form took 140 registers (7
+# two-warp programs an SM) and ran 2-5 % faster capped at 128 (8), with no spill (benchmarks/NOTES.md v40). With
+# edge rows the cap spills, so it is set only there.
+_BY_SOURCE_PROJECTION_MAX_REGISTERS = 128
 # The fused edge projection's node-block products (node_projection_kernels.py): nodes per program (tl.dot needs
 # 16 rows at least; projecting reads one tensor, expanding two and writes one: 64 and 32 measured best, 16 was
 # 1.3-2x slower, NOTES v10), and the d edge_features pass (edge_features_grad_kernel.py): edges per program.
@@ -213,7 +217,8 @@ def attention_launch_config(
             max_registers=0 if extended_dim else _BY_DESTINATION_MAX_REGISTERS,
         ),
         by_source=_launch(
-            num_heads, block_c, _BY_SOURCE_ROW_SLICE, num_warps=2, num_stages=4, edges_per_program=per_program
+            num_heads, block_c, _BY_SOURCE_ROW_SLICE, num_warps=2, num_stages=4, edges_per_program=per_program,
+            max_registers=_BY_SOURCE_PROJECTION_MAX_REGISTERS if extended_dim else 0,
         ),
         projection=projection,
     )

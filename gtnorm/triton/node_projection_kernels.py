@@ -229,8 +229,11 @@ def add_expanded_rows_kernel(
             )  # fmt: skip
         return
     w = load_norm_param(q_weight_ptr, C, HAS_Q_WEIGHT, 1.0, BLOCK_C)
-    grad_w = tl.zeros([BLOCK_C], tl.float32)
-    grad_b = tl.zeros([BLOCK_C], tl.float32)
+    # The norm's parameter-gradient terms summed over the heads element-wise and over the block's nodes once at the
+    # end: a sum across nodes crosses warps (shared memory and barriers), twice per head as each head's row was
+    # reduced on its own (benchmarks/NOTES.md v40).
+    grad_w = tl.zeros([BLOCK_N, BLOCK_C], tl.float32)
+    grad_b = tl.zeros([BLOCK_N, BLOCK_C], tl.float32)
     for head in range(H):
         sums = tl.load(sums_ptr + sums_offsets + head * d1, mask=sums_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
         weights = _extended_weight_tile(
@@ -242,12 +245,12 @@ def add_expanded_rows_kernel(
             mean, rstd = norm_stats(q_raw, C, eps_q, NORM)
             grad_q_norm = rows
             rows, q_hat = normalize_heads_backward(q_raw, mean, rstd, w[None, :], grad_q_norm, row_mask, C, NORM)
-            grad_w += tl.sum(grad_q_norm * q_hat, axis=0)
-            grad_b += tl.sum(grad_q_norm, axis=0)
+            grad_w += grad_q_norm * q_hat
+            grad_b += grad_q_norm
         target = tl.load(target_ptr + row_offsets + head * C, mask=row_mask, other=0.0).to(tl.float32)
         tl.store(target_ptr + row_offsets + head * C, (target + rows).to(target_ptr.dtype.element_ty), mask=row_mask)
     if NORM != NORM_NONE:
         store_param_grad_partial(
-            param_grad_partial_ptr, first_partial_row + tl.program_id(0), partial_width, grad_w, grad_b, C,
-            HAS_Q_WEIGHT, HAS_Q_BIAS, BLOCK_C,
+            param_grad_partial_ptr, first_partial_row + tl.program_id(0), partial_width, tl.sum(grad_w, axis=0),
+            tl.sum(grad_b, axis=0), C, HAS_Q_WEIGHT, HAS_Q_BIAS, BLOCK_C,
         )  # fmt: skip

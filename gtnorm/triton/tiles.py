@@ -12,6 +12,7 @@ from gtnorm.layernorm.math import (
     FLOAT32_MAX,
     layer_norm_affine,
     layer_norm_backward,
+    layer_norm_centred,
     layer_norm_forward,
     layer_norm_normalized,
     layer_norm_stats,
@@ -145,6 +146,21 @@ def normalize_heads(x, w, b, C, eps, NORM: tl.constexpr):
         mean, rstd = norm_stats(x, C, eps, NORM)
         y = norm_apply(x, mean, rstd, w, b, NORM)
     return y
+
+
+@triton.jit
+def normalized_dot(x, y, C, eps, NORM: tl.constexpr):
+    """<x_hat, y> for every head of [BLOCK_H, BLOCK_C] tiles, [BLOCK_H]: x normalised before its affine (x itself with
+    NORM_NONE), y 0 on padding lanes. The normalisation scales the per-head sum once instead of every element of
+    x: a score <q', k'> is <x_hat, q' w_k> + <q', b_k>, with the key's affine moved onto the query once per node."""
+    if NORM == NORM_LAYER:
+        centred, rstd = layer_norm_centred(x, C, eps, 1)
+        d = tl.sum(y * centred, axis=1) * tl.reshape(rstd, [x.shape[0]])
+    elif NORM == NORM_RMS:
+        d = tl.sum(y * x, axis=1) * tl.reshape(rms_norm_rstd(x, C, eps, 1), [x.shape[0]])
+    else:
+        d = tl.sum(y * x, axis=1)
+    return d
 
 
 @triton.jit
