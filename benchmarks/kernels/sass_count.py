@@ -6,6 +6,7 @@ source) for sm_90 (H100/H200), compiled on a machine without a GPU.
     python -m benchmarks.kernels.sass_count --module /tmp/my_backward_kernels.py   # a modified copy of a module
     python -m benchmarks.kernels.sass_count --pythonpath ../gtnorm-branch          # another checkout (a worktree)
     python -m benchmarks.kernels.sass_count --set bwd_dst:maxnreg=0 --set fwd:NUM_STAGES=1
+    python -m benchmarks.kernels.sass_count --edge-features 11   # the walks of the fused edge projection
 
 For each kernel and QK-norm variant (rms, layer, none): the launch the plan makes for a small bf16 problem (H x C,
 a random graph of 50 nodes with --degree in-edges each; sass_launches), compiled for sm_90 as Triton's runtime
@@ -195,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-edge-attr", action="store_true", help="HAS_EDGE_ATTR false: no edge term")
     parser.add_argument(
+        "--edge-features", type=int, default=0, metavar="D", help="the fused edge projection from D raw attributes"
+    )
+    parser.add_argument(
         "--ptxas",
         choices=("legacy", "triton"),
         default="legacy",
@@ -207,7 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.pythonpath:
         sys.path.insert(0, str(Path(args.pythonpath).resolve()))  # before anything imports gtnorm
     os.environ.update(sass_compile.toolchain_environment(args.ptxas))
-    problem = dict(heads=args.heads, channels=args.channels, degree=args.degree, edge_attr=not args.no_edge_attr)
+    problem = dict(
+        heads=args.heads,
+        channels=args.channels,
+        degree=args.degree,
+        edge_attr=not args.no_edge_attr,
+        edge_features=args.edge_features,
+    )
     rows = count_kernels(
         args.kernel or list(KERNELS),
         args.variant or list(VARIANTS),
@@ -227,7 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"# sm_90a, triton {triton.__version__}, ptxas {ptxas.version} ({Path(ptxas.path).name}), "
         f"gtnorm from {Path(gtnorm.__file__).parent}; {DTYPE} H={args.heads} C={args.channels}, "
-        f"{NODES} nodes x {args.degree} in-edges, edge_attr={not args.no_edge_attr}"
+        f"{NODES} nodes x {args.degree} in-edges, "
+        + (
+            f"fused edge projection of {args.edge_features} attributes"
+            if args.edge_features
+            else f"edge_attr={not args.no_edge_attr}"
+        )
     )
     origins = sorted({f"{r.kernel}: {r.origin}" for r in rows if not r.origin.startswith("gtnorm.triton.")})
     if origins:

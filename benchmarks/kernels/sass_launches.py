@@ -53,11 +53,14 @@ def capture_launches(
     nodes: int = NODES,
     degree: int = 12,
     edge_attr: bool = True,
+    edge_features: int = 0,
     seed: int = 0,
 ) -> dict[str, Launch]:
     """short name -> the walk's launch in attention_forward + attention_backward, for ``nodes`` destinations and
     sources, each destination with ``degree`` distinct random
-    sources, bf16 [nodes, heads, channels] rows."""
+    sources, bf16 [nodes, heads, channels] rows. ``edge_features`` D > 0: the fused edge projection (D fp32 raw
+    attributes per edge, a weight and a bias, no edge rows); its node-block kernels are not launched (they are not
+    walks), so their outputs stay empty."""
     import torch
 
     import gtnorm.triton.attention_launch as al
@@ -75,9 +78,29 @@ def capture_launches(
 
             return record
 
+    class ProjectionStub:
+        """attention_launch's EdgeProjection without its node-block kernels."""
+
+        def __init__(self, *args):
+            pass
+
+        def project(self, *args, **kwargs):
+            pass
+
+        def add_expanded(self, *args, **kwargs):
+            pass
+
+        def partial_rows(self, *args):
+            return 1
+
+        def weight_grads(self, *args):
+            return None, None
+
     saved = {attr: getattr(al, attr) for attr, _, _ in KERNELS.values()}
+    saved["EdgeProjection"] = al.EdgeProjection
     for short, (attr, _, _) in KERNELS.items():
         setattr(al, attr, Recorder(short))
+    al.EdgeProjection = ProjectionStub
     try:
         gen = torch.Generator().manual_seed(seed)
         dtype = getattr(torch, DTYPE)
@@ -85,10 +108,17 @@ def capture_launches(
         src = torch.stack([torch.randperm(nodes, generator=gen)[:degree] for _ in range(nodes)]).flatten()
         edge_index = torch.stack([src, dst])
         q, k, v = (torch.randn(nodes, heads, channels, generator=gen).to(dtype) for _ in range(3))
-        e = torch.randn(edge_index.shape[1], heads, channels, generator=gen).to(dtype) if edge_attr else None
+        num_edges = edge_index.shape[1]
+        e = x = w = b = None
+        if edge_features:
+            x = torch.randn(num_edges, edge_features, generator=gen)
+            w = torch.randn(edge_features, heads * channels, generator=gen).to(dtype)
+            b = torch.randn(heads * channels, generator=gen).to(dtype)
+        elif edge_attr:
+            e = torch.randn(num_edges, heads, channels, generator=gen).to(dtype)
         normed = qk_norm != "none"
         inputs = dict(
-            query=q, key=k, value=v, edge_attr=e, edge_features=None, edge_weight=None, edge_bias=None,
+            query=q, key=k, value=v, edge_attr=e, edge_features=x, edge_weight=w, edge_bias=b,
             q_norm_weight=torch.ones(channels, dtype=dtype) if normed else None,
             q_norm_bias=torch.zeros(channels, dtype=dtype) if q_bias else None,
             k_norm_weight=torch.ones(channels, dtype=dtype) if normed else None,
@@ -98,8 +128,8 @@ def capture_launches(
         out, lse, query_proj = al.attention_forward(**inputs)
         al.attention_backward(grad_out=out, lse=lse, query_proj=query_proj, edge_features_grad=False, **inputs)
     finally:
-        for attr, launcher in saved.items():
-            setattr(al, attr, launcher)
+        for attr, original in saved.items():
+            setattr(al, attr, original)
     return recorded
 
 

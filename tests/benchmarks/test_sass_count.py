@@ -127,6 +127,23 @@ def test_launch_overrides():
     assert launch.kwargs["maxnreg"] == 160
 
 
+@pytest.mark.parametrize("variant", ["rms", "layer"])
+def test_launches_with_the_fused_edge_projection(variant):
+    """--edge-features D records the walks as the projection path launches them (EDGE_PROJ, D attributes and a bias,
+    no edge rows; the by-source pass under the projection's register cap), with its node-block kernels stubbed out."""
+    launches = sass_launches.capture_launches(variant, degree=8, edge_features=11)
+    assert set(launches) == set(KERNELS)
+    for short in ("fwd", "bwd_dst"):
+        kwargs = launches[short].kwargs
+        assert kwargs["EDGE_PROJ"] and kwargs["EDGE_DIM"] == 11 and kwargs["HAS_EDGE_BIAS"], short
+        assert not kwargs["HAS_EDGE_ATTR"], short
+    assert not launches["bwd_src"].kwargs["HAS_EDGE_ATTR"]
+    assert launches["bwd_src"].kwargs["maxnreg"] == 128
+    plain = sass_launches.capture_launches(variant, degree=8)
+    assert plain["fwd"].kwargs["HAS_EDGE_ATTR"] and not plain["fwd"].kwargs["EDGE_PROJ"]
+    assert "maxnreg" not in plain["bwd_src"].kwargs
+
+
 def test_the_command_line_compiles_every_walk_for_sm90(tmp_path):
     """The rms variant's three kernels through `python -m benchmarks.kernels.sass_count`, in a fresh process without
     the interpreter: a table row per kernel whose loop counts add up, and the dumps -v and --dump write."""
