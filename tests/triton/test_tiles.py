@@ -40,11 +40,12 @@ def _normalized_dot_kernel(
 
 
 def _reference(x: torch.Tensor, y: torch.Tensor, norm: str, eps: float) -> torch.Tensor:
+    """<norm(x), y> per head in float64, with torch's own norms (no affine)."""
     x, y = x.double(), y.double()
     if norm == "layer":
-        x = (x - x.mean(-1, keepdim=True)) / (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
+        x = torch.nn.functional.layer_norm(x, x.shape[-1:], eps=eps)
     elif norm == "rms":
-        x = x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+        x = torch.nn.functional.rms_norm(x, x.shape[-1:], eps=eps)
     return (x * y).sum(-1)
 
 
