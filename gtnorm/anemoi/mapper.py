@@ -45,6 +45,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from gtnorm.anemoi.block import GraphTransformerMapperBlock, convert_blocks
+from gtnorm.anemoi.grad_columns import split_rows
 from gtnorm.anemoi.output_head import fits_output_head, output_head
 from gtnorm.anemoi.row_parts import in_checkpointed_parts
 from gtnorm.anemoi.source_rows import gather_source_rows, source_positions
@@ -151,13 +152,15 @@ class _SplitDestinations:
     each chunk then takes its own rows, whose gradient is their size. Sliced inside each chunk, as Anemoi's
     partition does, every chunk's backward makes a zero-filled gradient of all the destinations and adds it into
     the one before (at O1280's decoder, whose grid input is fp32 and 208 wide: 5.1 GiB per chunk, and a 5.1 GiB
-    buffer held through the last three chunks' backward, at the step's peak; benchmarks/NOTES.md v29). What
+    buffer held through the last three chunks' backward, at the step's peak; benchmarks/NOTES.md v29). Split so,
+    the gradients of chunks done wait for the last; of a marked input (grad_columns.py) only the columns that reach
+    a parameter wait (at O800's decoder 1.5 GiB less at the step's peak). What
     Anemoi's chunk loop asks of a partition: num_parts, _get_dst_range, materialise (whose x_dst it ignores)."""
 
     def __init__(self, partition: _CachedChunkPartition, x_dst: Tensor):  # x_dst: [N_dst, C]
         self.partition = partition
         self.num_parts = partition.num_parts
-        self.x_dst_chunks = x_dst.split(list(partition.dst_splits))  # views: [N_dst_chunk, C] each
+        self.x_dst_chunks = split_rows(x_dst, list(partition.dst_splits))  # [N_dst_chunk, C] each
 
     def _get_dst_range(self, partition_id: int) -> slice:
         return self.partition._get_dst_range(partition_id)

@@ -11,11 +11,17 @@ receives at most one addend: the values are bitwise those of Anemoi's in-place a
 as Anemoi adds onto its ``clone``), and its atomics add a single term each, whatever their order. The indices (CPU
 tensors of Anemoi's data indices) are copied to the device each call with ``non_blocking=True``, as Anemoi's indexing
 copies them implicitly; whether that copy from pageable memory waits on the device is not yet checked on a GPU.
+
+The grid input it assembles for the encoder, which the decoder takes as its destinations, is marked with the
+columns whose gradient reaches a parameter, the nodes' trainable ones (grad_columns.py: the decoder's chunks then
+hold a gradient of those columns only).
 """
 
 from __future__ import annotations
 
 from anemoi.models.models import encoder_processor_decoder as anemoi_model
+
+from gtnorm.anemoi.grad_columns import mark_grad_columns
 
 
 class AnemoiModelEncProcDec(anemoi_model.AnemoiModelEncProcDec):
@@ -34,6 +40,18 @@ class AnemoiModelEncProcDec(anemoi_model.AnemoiModelEncProcDec):
             name: index.unique().numel() == index.numel() and self._internal_input_idx[name].numel() == index.numel()
             for name, index in self._internal_output_idx.items()
         }
+
+    def _assemble_input(self, x, batch_size, grid_shard_sizes, model_comm_group=None, dataset_name=None):
+        # x: [batch, time, ensemble, grid, vars] -> x_data_latent: [batch * ensemble * grid, time * vars + attributes]
+        x_data_latent, x_skip, shard_sizes = super()._assemble_input(
+            x, batch_size, grid_shard_sizes, model_comm_group, dataset_name
+        )
+        # Anemoi's row: the data's columns, then the node attributes (sin/cos coordinates, then the trainable
+        # parameters, last). Only those reach a parameter, unless the data itself requires a gradient.
+        trainable = self.node_attributes.trainable_tensors[dataset_name].trainable
+        if trainable is not None and not x.requires_grad:
+            mark_grad_columns(x_data_latent, x_data_latent.shape[-1] - trainable.shape[-1])
+        return x_data_latent, x_skip, shard_sizes
 
     def _assemble_output(self, x_out, x_skip, batch_size, ensemble_size, dtype, dataset_name):
         # x_out: [batch * ensemble * grid, time * vars]; x_skip: [batch, time, ensemble, grid, vars_in] or None

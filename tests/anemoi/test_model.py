@@ -18,6 +18,8 @@ import torch  # noqa: E402
 from anemoi.models.layers import block as anemoi_block  # noqa: E402
 
 import gtnorm.anemoi  # noqa: E402
+from gtnorm.anemoi import grad_columns  # noqa: E402
+from gtnorm.anemoi import mapper as gtnorm_mapper  # noqa: E402
 from benchmarks.model import run  # noqa: E402
 from benchmarks.model.build import build_model, make_batch  # noqa: E402
 from benchmarks.model.config import ModelSpec  # noqa: E402
@@ -46,10 +48,10 @@ def converted(model: torch.nn.Module) -> torch.nn.Module:
     return gtnorm_model
 
 
-def step(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict, torch.Tensor]:
+def step(model: torch.nn.Module, x: torch.Tensor, input_grad: bool = True) -> tuple[torch.Tensor, dict, torch.Tensor]:
     """(prediction, {parameter name: gradient}, input gradient) of a training step on a copy of ``x``."""
     model.zero_grad(set_to_none=True)
-    x = x.double().requires_grad_()
+    x = x.double().requires_grad_(input_grad)
     prediction = model({"data": x})["data"]
     weights = torch.randn(prediction.shape, generator=torch.Generator().manual_seed(7), dtype=prediction.dtype)
     (prediction * weights).sum().backward()
@@ -87,6 +89,32 @@ def test_residual_out_of_place_matches_anemoi_bitwise(anemoi_model):
     for name, grad in grads.items():
         assert torch.equal(grad, expected_grads[name]), name
     assert torch.equal(dx, expected_dx)  # the residual's own gradient (x_skip's), through the gather
+
+
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_decoder_holds_the_gradient_of_the_trainable_columns_only(anemoi_model, monkeypatch, input_grad):
+    """The grid input is marked with its trainable columns (the last 8) when the data needs no gradient, so that
+    the decoder's chunks hand on those columns' gradient only (grad_columns.py); every gradient stays Anemoi's,
+    bitwise. With the input requiring a gradient nothing is marked."""
+    splits = []
+
+    def recording_split(x, sizes):
+        splits.append((x.shape[1], grad_columns.grad_columns_start(x)))
+        return grad_columns.split_rows(x, sizes)
+
+    monkeypatch.setattr(gtnorm_mapper, "split_rows", recording_split)
+    model = converted(anemoi_model)
+    x = make_batch(anemoi_model, run.TINY_DATA, batch_size=2)
+    expected, expected_grads, expected_dx = step(anemoi_model, x, input_grad)
+    found, grads, dx = step(model, x, input_grad)
+    width = model.input_dim["data"]
+    trainable = TINY.trainable_node
+    assert (width, None if input_grad else width - trainable) in splits  # the decoder's destinations
+    assert torch.equal(found, expected)
+    assert grads.keys() == expected_grads.keys() and "node_attributes.trainable_tensors.data.trainable" in grads
+    for name, grad in grads.items():
+        assert torch.equal(grad, expected_grads[name]), name
+    assert (dx is None and expected_dx is None) or torch.equal(dx, expected_dx)
 
 
 def assembled(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
