@@ -41,7 +41,9 @@ def test_marked_rows_give_the_split_s_values_and_gradients_holding_the_marked_co
         arriving = []  # the gradients the split node holds until its last output's arrives
         split_node = chunks[0].grad_fn if how == "plain" else chunks[0].grad_fn.next_functions[1][0]
         assert type(split_node).__name__.startswith("Split")
-        split_node.register_prehook(lambda grads_in: arriving.extend(g.shape for g in grads_in if g is not None))
+        split_node.register_prehook(
+            lambda grads_in, seen=arriving: seen.extend(g.shape for g in grads_in if g is not None)
+        )
         loss_over_chunks(chunks, weight).backward()
         grads[how] = trainable.grad
         widths = {shape[1] for shape in arriving}

@@ -18,12 +18,12 @@ import torch  # noqa: E402
 from anemoi.models.layers import block as anemoi_block  # noqa: E402
 
 import gtnorm.anemoi  # noqa: E402
-from gtnorm.anemoi import grad_columns  # noqa: E402
-from gtnorm.anemoi import mapper as gtnorm_mapper  # noqa: E402
 from benchmarks.model import run  # noqa: E402
 from benchmarks.model.build import build_model, make_batch  # noqa: E402
 from benchmarks.model.config import ModelSpec  # noqa: E402
 from benchmarks.model.graph import build_model_graph  # noqa: E402
+from gtnorm.anemoi import grad_columns  # noqa: E402
+from gtnorm.anemoi import mapper as gtnorm_mapper  # noqa: E402
 
 TINY = ModelSpec(**run.TINY_MODEL)
 
