@@ -19,6 +19,8 @@ the mark, a lookup by tensor identity, is not made). Unmarked inputs are split w
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 from torch.utils.weak import WeakTensorKeyDictionary
@@ -58,12 +60,27 @@ class _RowsWithGradColumns(torch.autograd.Function):
         return None, grad[:, ctx.start :].contiguous(), None
 
 
-def split_rows(x: Tensor, sizes: list[int]) -> tuple[Tensor, ...]:  # x: [N, C] -> [n_i, C] each
+@dataclass(frozen=True)
+class SplitRows:
+    """x split into chunks of rows, each taken by ``chunk(i)`` when its chunk runs (split_rows)."""
+
+    values: tuple[Tensor, ...]  # [n_i, C] each: views of x, detached where marked
+    grad_parts: tuple[Tensor, ...] | None  # [n_i, C - start] each: views of x's marked columns; None: unmarked
+    start: int | None
+
+    def chunk(self, i: int) -> Tensor:  # [n_i, C]
+        if self.grad_parts is None:
+            return self.values[i]
+        return _RowsWithGradColumns.apply(self.values[i], self.grad_parts[i], self.start)
+
+
+def split_rows(x: Tensor, sizes: list[int]) -> SplitRows:  # x: [N, C]
     """x split into rows of ``sizes``: views, unless x was marked (mark_grad_columns), then rows with the values of
-    x whose backward holds the marked columns' gradient only (module docstring)."""
+    x whose backward passes on the marked columns' gradient only (module docstring). The narrowing is made when a
+    chunk takes its rows, inside the chunk: autograd runs the ready node made last first, so a node made here, at
+    the split, would run after every chunk's backward and hold each chunk's whole gradient in its input until then
+    (measured at O800: the step's peak unchanged)."""
     start = grad_columns_start(x)
     if start is None:
-        return x.split(sizes)
-    values = x.detach().split(sizes)
-    grad_parts = x[:, start:].split(sizes)
-    return tuple(_RowsWithGradColumns.apply(v, g, start) for v, g in zip(values, grad_parts, strict=True))
+        return SplitRows(x.split(sizes), None, None)
+    return SplitRows(x.detach().split(sizes), x[:, start:].split(sizes), start)

@@ -160,14 +160,14 @@ class _SplitDestinations:
     def __init__(self, partition: _CachedChunkPartition, x_dst: Tensor):  # x_dst: [N_dst, C]
         self.partition = partition
         self.num_parts = partition.num_parts
-        self.x_dst_chunks = split_rows(x_dst, list(partition.dst_splits))  # [N_dst_chunk, C] each
+        self.x_dst_rows = split_rows(x_dst, list(partition.dst_splits))  # [N_dst_chunk, C] each
 
     def _get_dst_range(self, partition_id: int) -> slice:
         return self.partition._get_dst_range(partition_id)
 
     def materialise(self, partition_id, x, edge_attr, edge_index, cond=None):
         return self.partition.materialise_rows(
-            partition_id, x[0], self.x_dst_chunks[partition_id], edge_attr, edge_index, cond
+            partition_id, x[0], self.x_dst_rows.chunk(partition_id), edge_attr, edge_index, cond
         )
 
 

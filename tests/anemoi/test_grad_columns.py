@@ -22,11 +22,10 @@ def grid_input(trainable: torch.Tensor) -> torch.Tensor:
     return torch.cat([data, trainable], dim=-1)
 
 
-def loss_over_chunks(chunks, weight: torch.Tensor) -> torch.Tensor:
-    return sum((chunk @ weight).sin().sum() for chunk in chunks)
-
-
 def test_marked_rows_give_the_split_s_values_and_gradients_holding_the_marked_columns_only():
+    """Chunks run one after the other (as a mapper's loop does, each taking its rows when it runs): each chunk's
+    gradient is narrowed to the marked columns before the chunk run before it starts its backward (autograd runs
+    the newest ready node first), and the split's node receives the narrowed gradients only."""
     weight = torch.randn(7, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     grads = {}
     for how in ("marked", "plain"):
@@ -35,26 +34,36 @@ def test_marked_rows_give_the_split_s_values_and_gradients_holding_the_marked_co
         x = grid_input(trainable)
         if how == "marked":
             assert mark_grad_columns(x, 5) is x and grad_columns_start(x) == 5
-        chunks = split_rows(x, SIZES)
-        for chunk, reference in zip(chunks, x.detach().split(SIZES), strict=True):
+        rows = split_rows(x, SIZES)
+        events = []  # the backward's order: a chunk's own backward, its rows' narrowing, the split's
+        loss = 0
+        for i, reference in enumerate(x.detach().split(SIZES)):
+            chunk = rows.chunk(i)
             assert torch.equal(chunk, reference)
-        arriving = []  # the gradients the split node holds until its last output's arrives
-        split_node = chunks[0].grad_fn if how == "plain" else chunks[0].grad_fn.next_functions[1][0]
+            if how == "marked":
+                chunk.grad_fn.register_prehook(lambda _, i=i, seen=events: seen.append(f"narrow {i}"))
+            product = chunk @ weight
+            product.register_hook(lambda _, i=i, seen=events: seen.append(f"chunk {i}"))
+            loss = loss + product.sin().sum()
+        split_node = chunk.grad_fn if how == "plain" else chunk.grad_fn.next_functions[1][0]
         assert type(split_node).__name__.startswith("Split")
         split_node.register_prehook(
-            lambda grads_in, seen=arriving: seen.extend(g.shape for g in grads_in if g is not None)
+            lambda grads_in, seen=events: seen.append({g.shape[1] for g in grads_in if g is not None})
         )
-        loss_over_chunks(chunks, weight).backward()
+        loss.backward()
         grads[how] = trainable.grad
-        widths = {shape[1] for shape in arriving}
-        assert widths == ({2} if how == "marked" else {7})
+        if how == "marked":
+            assert events == ["chunk 2", "narrow 2", "chunk 1", "narrow 1", "chunk 0", "narrow 0", {2}]
+        else:
+            assert events == ["chunk 2", "chunk 1", "chunk 0", {7}]
     assert torch.equal(grads["marked"], grads["plain"])
 
 
 def test_unmarked_rows_are_views():
     x = torch.randn(10, 7, requires_grad=True)
     assert grad_columns_start(x) is None
-    assert all(chunk._base is x for chunk in split_rows(x, SIZES))
+    rows = split_rows(x, SIZES)
+    assert all(rows.chunk(i)._base is x for i in range(len(SIZES)))
 
 
 def test_nothing_is_marked_without_a_gradient_and_a_bad_range_is_refused():
