@@ -30,8 +30,9 @@ from gtnorm.triton.tiles import (
 
 @triton.jit
 def _online_softmax_step(
-    q, q_key, q_proj, m, denom, acc, feature_acc, w_k, pos, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr,
-    csc_src_ptr, csc_edge_id_ptr, offsets, mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR: tl.constexpr,
+    q, q_key, q_proj, m, denom, acc, feature_acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr,
+    edge_features_ptr, csc_src_ptr, csc_edge_id_ptr, offsets, mask, row_len, C, score_scale, eps_k,
+    HAS_EDGE_ATTR: tl.constexpr,
     EDGE_PROJ: tl.constexpr, EDGE_DIM: tl.constexpr, HAS_EDGE_BIAS: tl.constexpr, NORM: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -42,16 +43,20 @@ def _online_softmax_step(
     tiles.normalized_dot scales a sum per head instead of normalising every element of the gathered key), q_proj
     its projection onto the edge weights [BLOCK_H, BLOCK_D]."""
     src = tl.load(csc_src_ptr + pos)
-    k = load_row(key_ptr, src, offsets, mask, row_len)
-    v = load_row(value_ptr, src, offsets, mask, row_len)
+    # Each form's key work before v is loaded: after it, the walks measured 9-24 % slower with the same or more
+    # registers (H200; benchmarks/NOTES.md v41).
     if HAS_EDGE_ATTR:
         # k' + e in one row, one reduction: scaling the key's sum instead costs a second reduction for e's term,
         # which was more than the per-element normalisation it saves (SASS counts, benchmarks/NOTES.md v40).
-        e = load_row(edge_attr_ptr, tl.load(csc_edge_id_ptr + pos), offsets, mask, row_len)
-        s = tl.sum(q * (normalize_heads(k, w_k, 0.0, C, eps_k, NORM) + e), axis=1)  # [BLOCK_H]
-        v += e
+        k = normalize_heads(load_row(key_ptr, src, offsets, mask, row_len), w_k, b_k, C, eps_k, NORM)
     else:
-        s = normalized_dot(k, q_key, C, eps_k, NORM)
+        s = normalized_dot(load_row(key_ptr, src, offsets, mask, row_len), q_key, C, eps_k, NORM)  # [BLOCK_H]
+    v = load_row(value_ptr, src, offsets, mask, row_len)
+    if HAS_EDGE_ATTR:
+        e = load_row(edge_attr_ptr, tl.load(csc_edge_id_ptr + pos), offsets, mask, row_len)
+        k += e
+        v += e
+        s = tl.sum(q * k, axis=1)  # [BLOCK_H]
     if EDGE_PROJ:
         x = load_edge_features(edge_features_ptr, tl.load(csc_edge_id_ptr + pos), EDGE_DIM, HAS_EDGE_BIAS, BLOCK_D)
         s += features_dot(q_proj, x)
@@ -67,7 +72,7 @@ def _online_softmax_step(
 @triton.jit
 def _attend_node(
     slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, query_proj_ptr, feature_mean_ptr,
-    dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr, w_q, b_q, w_k, offsets,
+    dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr, w_q, b_q, w_k, b_k, offsets,
     mask, offs_h, feature_offsets, feature_mask, H, C, score_scale, eps_q, eps_k, HAS_EDGE_ATTR: tl.constexpr,
     EDGE_PROJ: tl.constexpr, EDGE_DIM: tl.constexpr, HAS_EDGE_BIAS: tl.constexpr, NORM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr,
@@ -83,7 +88,7 @@ def _attend_node(
     # The key norm's weight moved onto the query once per node (0 on padding lanes: load_norm_param); its bias
     # is left out, as the softmax cancels it (attention_launch._norm_flags).
     q_key = q
-    if NORM != NORM_NONE:
+    if NORM != NORM_NONE and not HAS_EDGE_ATTR:
         q_key = q * w_k[None, :]
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], tl.float32)
@@ -97,7 +102,7 @@ def _attend_node(
     # while this step computes; that pays on nodes with many edges (config.py).
     for pos in tl.range(start, end, num_stages=NUM_STAGES):
         m, denom, acc, feature_acc = _online_softmax_step(
-            q, q_key, q_proj, m, denom, acc, feature_acc, w_k, pos, key_ptr, value_ptr, edge_attr_ptr,
+            q, q_key, q_proj, m, denom, acc, feature_acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr,
             edge_features_ptr, csc_src_ptr, csc_edge_id_ptr, offsets, mask, row_len, C, score_scale, eps_k,
             HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_D,
         )  # fmt: skip
@@ -120,7 +125,7 @@ def graph_attention_forward_kernel(
     q_weight_ptr,  # [C] (unused without HAS_Q_WEIGHT)
     q_bias_ptr,  # [C] (unused without HAS_Q_BIAS)
     k_weight_ptr,  # [C] (unused without HAS_K_WEIGHT)
-    k_bias_ptr,  # [C], never read: the softmax cancels the key bias (attention_launch._norm_flags)
+    k_bias_ptr,  # [C] (unused without HAS_K_BIAS, never set: the softmax cancels the key bias, _norm_flags)
     dst_offsets_ptr,  # [N_dst + 1] int32, by slot
     dst_by_slot_ptr,  # [N_dst] int32
     csc_src_ptr,  # [M] int32
@@ -158,6 +163,7 @@ def graph_attention_forward_kernel(
     w_q = load_norm_param(q_weight_ptr, C, HAS_Q_WEIGHT, 1.0, BLOCK_C)
     b_q = load_norm_param(q_bias_ptr, C, HAS_Q_BIAS, 0.0, BLOCK_C)
     w_k = load_norm_param(k_weight_ptr, C, HAS_K_WEIGHT, 1.0, BLOCK_C)
+    b_k = load_norm_param(k_bias_ptr, C, HAS_K_BIAS, 0.0, BLOCK_C)
     if NUM_STAGES > 1:
         # Pipelined kernels walk a run of slots in a loop: even for runs of one slot this form measured 4-7 %
         # faster on the encoders than the plain one (benchmarks/NOTES.md, v3); the unpipelined (low-degree)
@@ -168,7 +174,7 @@ def graph_attention_forward_kernel(
             _attend_node(
                 slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, query_proj_ptr,
                 feature_mean_ptr, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr,
-                w_q, b_q, w_k, offsets, mask, offs_h, feature_offsets, feature_mask, H, C, score_scale,
+                w_q, b_q, w_k, b_k, offsets, mask, offs_h, feature_offsets, feature_mask, H, C, score_scale,
                 eps_q, eps_k, HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_H, BLOCK_C, BLOCK_D,
                 NUM_STAGES,
             )  # fmt: skip
@@ -177,6 +183,6 @@ def graph_attention_forward_kernel(
         _attend_node(
             tl.program_id(0), query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, query_proj_ptr,
             feature_mean_ptr, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr, w_q,
-            b_q, w_k, offsets, mask, offs_h, feature_offsets, feature_mask, H, C, score_scale, eps_q, eps_k,
+            b_q, w_k, b_k, offsets, mask, offs_h, feature_offsets, feature_mask, H, C, score_scale, eps_q, eps_k,
             HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_H, BLOCK_C, BLOCK_D, NUM_STAGES,
         )  # fmt: skip
