@@ -1,26 +1,34 @@
 """Developer sweep: per-kernel times and register counts of the attention kernels under launch settings.
 
-    python -m benchmarks.kernels.kernel_sweep [--graphs era_to_h h_to_h ...] [--settings default bwd:h4 ...]
+    python -m benchmarks.kernels.kernel_sweep [--graphs era_to_h h_to_h ...] [--norms rms layer none]
+        [--edges rows proj none] [--settings default bwd:h4 ...]
 
-For each graph (bf16, H=16, C=64, qk_norm with affine weights unless --no-qk-norm) and each setting, runs
-forward+backward under torch.profiler and prints the mean time of each kernel, its registers per thread and
-spills, how many cp.async copies its PTX holds (software-pipelined loads), the other kernels of the step (torch's
-sums and copies) with the largest of them, the kernels' sum against the step's own time (do_bench: L2 flushed
-before each call, host time included where the GPU waits for it), and the forward / backward / total as % of the
-HBM floor (bytes that must move ÷ copy bandwidth measured in this run). ``--edge-features D``: the fused edge
-projection (D fp32 raw attributes per edge requiring grad, edge weight and bias) instead of edge features e; its
-floor is still the one of e (the ratio is then against the materialised path's floor); with ``--linear-weight`` the
-weight is passed as Anemoi passes lin_edge's (``weight.t()``). ``--no-edge-attr``: attention without any edge
-term (the same kernels, e left out): walks no fused edge projection can beat, so the bound against which its
-kernels are judged; its floor counts no e rows. Settings are overrides of the plan
+For each graph (bf16, H=16, C=64), edge term, QK norm (with affine weights) and setting, in one process (a kernel
+change is measured against every norm and edge term in one call: v41 found a forward change measured with LayerNorm
+only that had slowed RMSNorm's by 24 %), runs forward+backward under torch.profiler and prints the mean time of each
+kernel, its registers per thread and spills, how many cp.async copies its PTX holds (software-pipelined loads), the
+other kernels of the step (torch's sums and copies) with the largest of them, the kernels' sum against the step's
+own time (do_bench: L2 flushed before each call, host time included where the GPU waits for it), and the forward /
+backward / total as % of the HBM floor (bytes that must move ÷ copy bandwidth measured in this run). Edge terms:
+``rows``, edge features e [M, H, C]; ``proj``, the fused edge projection (``--edge-features`` D fp32 raw attributes
+per edge requiring grad, edge weight and bias), whose floor is still the one of e (the ratio is then against the
+materialised path's floor), with ``--linear-weight`` the weight passed as Anemoi passes lin_edge's (``weight.t()``);
+``none``, no edge term (the same kernels, e left out): walks no fused edge projection can beat, so the bound against
+which its kernels are judged; its floor counts no e rows. Settings are overrides of the plan
 ``gtnorm.triton.config.attention_launch_config`` returns, written as specs (``parse_setting``) and passed to the op
-as its ``launch`` argument; the defaults live there. This is how the numbers in benchmarks/NOTES.md were taken.
+as its ``launch`` argument; the defaults live there. This is how the numbers in benchmarks/NOTES.md were taken
+(before v41 one norm and edge term a process: ``--layer-norm``, ``--no-qk-norm``, ``--edge-features D``,
+``--no-edge-attr``).
+
+Another checkout's kernels under this harness: a folder holding only its ``gtnorm`` package, first on sys.path
+(``python -c "import sys; sys.path.insert(0, TREE); import runpy; ..."``), leaves ``benchmarks`` this checkout's.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 
 import torch
 import triton
@@ -195,76 +203,82 @@ class AttentionProblem:
         out.backward(self.grad_out)
 
 
-def main() -> None:
+NORMS = {"rms": True, "layer": "layer", "none": False}  # --norms: the op's qk_norm
+EDGES = ("rows", "proj", "none")  # --edges: e rows, the fused edge projection, no edge term
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--graphs", nargs="+", default=["era_to_h", "h_to_h", "h_to_era", "dop_enc_large"])
     parser.add_argument("--settings", nargs="+", default=["default"], help="specs, see parse_setting")
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--channels", type=int, default=64)
-    parser.add_argument("--no-qk-norm", action="store_true", help="the same kernels with qk_norm off")
-    parser.add_argument("--layer-norm", action="store_true", help="LayerNorm (weights only) instead of RMSNorm")
-    parser.add_argument("--edge-features", type=int, default=0, help="D: the fused edge projection (0: e rows)")
-    parser.add_argument("--no-edge-attr", action="store_true", help="no edge term at all (the walks' lower bound)")
+    parser.add_argument("--norms", nargs="+", choices=list(NORMS), default=["rms"], help="QK norms, each in turn")
+    parser.add_argument("--edges", nargs="+", choices=EDGES, default=["rows"], help="edge terms, each in turn")
+    parser.add_argument("--edge-features", type=int, default=11, help="D of --edges proj (Anemoi's 11)")
     parser.add_argument(
         "--linear-weight", action="store_true", help="the edge weight as lin_edge.weight.t() (Anemoi's strides)"
     )
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     heads, channels, dtype = args.heads, args.channels, torch.bfloat16
     bandwidth = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")
     compiled = record_compiled_kernels()
     for name in args.graphs:
         graph = load_graph(name)
-        problem = AttentionProblem.on_graph(
-            graph, heads, channels, dtype, args.edge_features, args.linear_weight, not args.no_edge_attr
-        )
-        edge_rows = 0 if args.no_edge_attr else graph.num_edges
-        fwd_bytes, bwd_bytes = floor_bytes(
-            graph.num_src, graph.num_dst, edge_rows, heads * channels * dtype.itemsize,
-            problem.layout.index_bytes(),
-        )  # fmt: skip
-
-        for setting in args.settings:
-            default = launch_config.attention_launch_config(
-                heads, channels, args.edge_features + 1 if args.edge_features else 0
+        for edges in args.edges:
+            edge_dim = args.edge_features if edges == "proj" else 0
+            problem = AttentionProblem.on_graph(
+                graph, heads, channels, dtype, edge_dim, args.linear_weight, edges != "none"
             )
-            launch = parse_setting(setting)(default, heads)
+            edge_rows = 0 if edges == "none" else graph.num_edges
+            fwd_bytes, bwd_bytes = floor_bytes(
+                graph.num_src, graph.num_dst, edge_rows, heads * channels * dtype.itemsize,
+                problem.layout.index_bytes(),
+            )  # fmt: skip
+            for norm, setting in itertools.product(args.norms, args.settings):
+                default = launch_config.attention_launch_config(heads, channels, edge_dim + 1 if edge_dim else 0)
+                launch = parse_setting(setting)(default, heads)
+                label = f"{name:14s} {edges}/{norm:5s} {setting:10s}"
 
-            def step(problem=problem, launch=launch):
-                qk_norm = False if args.no_qk_norm else "layer" if args.layer_norm else True
-                problem.forward_backward(qk_norm=qk_norm, launch=launch)
+                def step(problem=problem, launch=launch, qk_norm=NORMS[norm]):
+                    problem.forward_backward(qk_norm=qk_norm, launch=launch)
 
-            try:
-                for launcher in LAUNCHERS:  # the step's first launches take Triton's path, which records them
-                    launcher.clear()
-                step()
-            except Exception as error:  # a setting the compiler rejects: report it, go on with the others
-                print(f"{name:14s} {setting}: failed: {str(error).strip().splitlines()[-1]}", flush=True)
-                continue
-            times, others = kernel_times(step)
-            # The same step timed whole (do_bench: L2 flushed before each call, host time included where the GPU
-            # waits for it): what the kernels' sum leaves out.
-            wall = triton.testing.do_bench(step, return_mode="median")
-            fwd = times["fwd"]
-            # Backward: everything but the forward's walk (the projection's node-block products of both included).
-            bwd = sum(ms for short, ms in times.items() if short != "fwd") + sum(ms for _, ms in others)
-            regs = " ".join(
-                f"{short} {times[short]:.3f} ms (r{compiled[k].n_regs}, s{compiled[k].n_spills},"
-                f" a{compiled[k].asm['ptx'].count('cp.async.ca') + compiled[k].asm['ptx'].count('cp.async.cg')})"
-                for k, short in KERNELS.items()
-                if short in times
-            )
-            largest = f"{others[0][0][:40]} {others[0][1]:.3f} ms" if others else "-"
-            regs += f" other {sum(ms for _, ms in others):.3f} ms (largest: {largest})"
-            regs += f" sum {fwd + bwd:.3f} ms wall {wall:.3f} ms"
-            print(
-                f"{name:14s} {setting:10s} {regs} | floor: fwd {100 * fwd_bytes / bandwidth / (fwd * 1e-3):.0f}%"
-                f" bwd {100 * bwd_bytes / bandwidth / (bwd * 1e-3):.0f}%"
-                f" total {100 * (fwd_bytes + bwd_bytes) / bandwidth / ((fwd + bwd) * 1e-3):.0f}%",
-                flush=True,
-            )
-        del problem, step
-        torch.cuda.empty_cache()
+                try:
+                    for launcher in LAUNCHERS:  # the step's first launches take Triton's path, which records them
+                        launcher.clear()
+                    step()
+                except Exception as error:  # a setting the compiler rejects: report it, go on with the others
+                    print(f"{label}: failed: {str(error).strip().splitlines()[-1]}", flush=True)
+                    continue
+                times, others = kernel_times(step)
+                # The same step timed whole (do_bench: L2 flushed before each call, host time included where the
+                # GPU waits for it): what the kernels' sum leaves out.
+                wall = triton.testing.do_bench(step, return_mode="median")
+                fwd = times["fwd"]
+                # Backward: everything but the forward's walk (the projection's node-block products included).
+                bwd = sum(ms for short, ms in times.items() if short != "fwd") + sum(ms for _, ms in others)
+                regs = " ".join(
+                    f"{short} {times[short]:.3f} ms (r{compiled[k].n_regs}, s{compiled[k].n_spills},"
+                    f" a{compiled[k].asm['ptx'].count('cp.async.ca') + compiled[k].asm['ptx'].count('cp.async.cg')})"
+                    for k, short in KERNELS.items()
+                    if short in times
+                )
+                largest = f"{others[0][0][:40]} {others[0][1]:.3f} ms" if others else "-"
+                regs += f" other {sum(ms for _, ms in others):.3f} ms (largest: {largest})"
+                regs += f" sum {fwd + bwd:.3f} ms wall {wall:.3f} ms"
+                print(
+                    f"{label} {regs} | floor: fwd {100 * fwd_bytes / bandwidth / (fwd * 1e-3):.0f}%"
+                    f" bwd {100 * bwd_bytes / bandwidth / (bwd * 1e-3):.0f}%"
+                    f" total {100 * (fwd_bytes + bwd_bytes) / bandwidth / ((fwd + bwd) * 1e-3):.0f}%",
+                    flush=True,
+                )
+            del problem, step
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The kernel sweep's bookkeeping (benchmarks/kernels/kernel_sweep.py), on the CPU: every kernel it reports is found
 through the Launchers that launch it (a kernel moved between modules once left the sweep failing before any
-measurement), and launch-setting specs change the plan's fields they name."""
+measurement), launch-setting specs change the plan's fields they name, and norms and edge terms are axes of one run."""
 
 from __future__ import annotations
 
@@ -22,3 +22,11 @@ def test_setting_specs_change_the_named_fields():
     assert changed.by_source.max_registers == 128
     assert changed.forward == plan.forward
     assert kernel_sweep.parse_setting("default")(plan, 16) == plan
+
+
+def test_norms_and_edge_terms_are_a_matrix_of_one_process():
+    args = kernel_sweep.parse_args(["--norms", "rms", "layer", "none", "--edges", "rows", "proj"])
+    assert [kernel_sweep.NORMS[norm] for norm in args.norms] == [True, "layer", False]
+    assert (args.edges, args.edge_features) == (["rows", "proj"], 11)
+    defaults = kernel_sweep.parse_args([])
+    assert (defaults.norms, defaults.edges) == (["rms"], ["rows"])
