@@ -14,7 +14,9 @@ the chunk's gradient of those columns alone ([647,200, 8] a chunk). Values and g
 gtnorm's model marks the grid input it assembles (model.AnemoiModelEncProcDec) when no other column can need a
 gradient: the data does not require one (not when a user takes gradients with respect to the input) and the
 model's forward runs eagerly or under blocks-only compilation (not while torch.compile traces the whole model, where
-the mark, a lookup by tensor identity, is not made). Unmarked inputs are split whole, as before.
+the mark, a lookup by tensor identity, is not made). The decoder finds the mark where its destinations are that
+tensor itself, as with the default config's target features (``encoded_data``); a target joined from several
+features is a new tensor, unmarked. Unmarked inputs are split whole, as before.
 """
 
 from __future__ import annotations
