@@ -154,7 +154,7 @@ class _SplitDestinations:
     the one before (at O1280's decoder, whose grid input is fp32 and 208 wide: 5.1 GiB per chunk, and a 5.1 GiB
     buffer held through the last three chunks' backward, at the step's peak; benchmarks/NOTES.md v29). Split so,
     the gradients of chunks done wait for the last; of a marked input (grad_columns.py) only the columns that reach
-    a parameter wait (at O800's decoder 1.5 GiB less at the step's peak). What
+    a parameter wait (at O800 the step's peak 1.07 GiB lower, NOTES v41). What
     Anemoi's chunk loop asks of a partition: num_parts, _get_dst_range, materialise (whose x_dst it ignores)."""
 
     def __init__(self, partition: _CachedChunkPartition, x_dst: Tensor):  # x_dst: [N_dst, C]
