@@ -43,8 +43,10 @@ def _online_softmax_step(
     tiles.normalized_dot scales a sum per head instead of normalising every element of the gathered key), q_proj
     its projection onto the edge weights [BLOCK_H, BLOCK_D]."""
     src = tl.load(csc_src_ptr + pos)
-    # Each form's key work before v is loaded: after it, the walks measured 9-24 % slower with the same or more
-    # registers (H200; benchmarks/NOTES.md v41).
+    # The order is measured (H200, benchmarks/NOTES.md v41): without edge rows the key's score is taken before v is
+    # loaded (9 % faster with the projection and LayerNorm); with edge rows the key is normalised first and v + e
+    # formed before the score's reduction (the score's sum before v += e, the PTX otherwise the same, ran the
+    # RMSNorm walk 24 % slower at the same registers).
     if HAS_EDGE_ATTR:
         # k' + e in one row, one reduction: scaling the key's sum instead costs a second reduction for e's term,
         # which was more than the per-element normalisation it saves (SASS counts, benchmarks/NOTES.md v40).
