@@ -240,8 +240,8 @@ def main(argv: list[str] | None = None) -> None:
                 graph.num_src, graph.num_dst, edge_rows, heads * channels * dtype.itemsize,
                 problem.layout.index_bytes(),
             )  # fmt: skip
+            default = launch_config.attention_launch_config(heads, channels, edge_dim + 1 if edge_dim else 0)
             for norm, setting in itertools.product(args.norms, args.settings):
-                default = launch_config.attention_launch_config(heads, channels, edge_dim + 1 if edge_dim else 0)
                 launch = parse_setting(setting)(default, heads)
                 label = f"{name:14s} {edges}/{norm:5s} {setting:10s}"
 

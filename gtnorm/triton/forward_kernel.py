@@ -30,9 +30,8 @@ from gtnorm.triton.tiles import (
 
 @triton.jit
 def _online_softmax_step(
-    q, q_key, q_proj, m, denom, acc, feature_acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr,
-    edge_features_ptr, csc_src_ptr, csc_edge_id_ptr, offsets, mask, row_len, C, score_scale, eps_k,
-    HAS_EDGE_ATTR: tl.constexpr,
+    q, q_key, q_proj, m, denom, acc, feature_acc, w_k, pos, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr,
+    csc_src_ptr, csc_edge_id_ptr, offsets, mask, row_len, C, score_scale, eps_k, HAS_EDGE_ATTR: tl.constexpr,
     EDGE_PROJ: tl.constexpr, EDGE_DIM: tl.constexpr, HAS_EDGE_BIAS: tl.constexpr, NORM: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -50,7 +49,7 @@ def _online_softmax_step(
     if HAS_EDGE_ATTR:
         # k' + e in one row, one reduction: scaling the key's sum instead costs a second reduction for e's term,
         # which was more than the per-element normalisation it saves (SASS counts, benchmarks/NOTES.md v40).
-        k = normalize_heads(load_row(key_ptr, src, offsets, mask, row_len), w_k, b_k, C, eps_k, NORM)
+        k = normalize_heads(load_row(key_ptr, src, offsets, mask, row_len), w_k, 0.0, C, eps_k, NORM)
     else:
         s = normalized_dot(load_row(key_ptr, src, offsets, mask, row_len), q_key, C, eps_k, NORM)  # [BLOCK_H]
     v = load_row(value_ptr, src, offsets, mask, row_len)
@@ -74,7 +73,7 @@ def _online_softmax_step(
 @triton.jit
 def _attend_node(
     slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, query_proj_ptr, feature_mean_ptr,
-    dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr, w_q, b_q, w_k, b_k, offsets,
+    dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr, w_q, b_q, w_k, offsets,
     mask, offs_h, feature_offsets, feature_mask, H, C, score_scale, eps_q, eps_k, HAS_EDGE_ATTR: tl.constexpr,
     EDGE_PROJ: tl.constexpr, EDGE_DIM: tl.constexpr, HAS_EDGE_BIAS: tl.constexpr, NORM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr,
@@ -104,7 +103,7 @@ def _attend_node(
     # while this step computes; that pays on nodes with many edges (config.py).
     for pos in tl.range(start, end, num_stages=NUM_STAGES):
         m, denom, acc, feature_acc = _online_softmax_step(
-            q, q_key, q_proj, m, denom, acc, feature_acc, w_k, b_k, pos, key_ptr, value_ptr, edge_attr_ptr,
+            q, q_key, q_proj, m, denom, acc, feature_acc, w_k, pos, key_ptr, value_ptr, edge_attr_ptr,
             edge_features_ptr, csc_src_ptr, csc_edge_id_ptr, offsets, mask, row_len, C, score_scale, eps_k,
             HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_D,
         )  # fmt: skip
@@ -127,7 +126,7 @@ def graph_attention_forward_kernel(
     q_weight_ptr,  # [C] (unused without HAS_Q_WEIGHT)
     q_bias_ptr,  # [C] (unused without HAS_Q_BIAS)
     k_weight_ptr,  # [C] (unused without HAS_K_WEIGHT)
-    k_bias_ptr,  # [C] (unused without HAS_K_BIAS, never set: the softmax cancels the key bias, _norm_flags)
+    k_bias_ptr,  # [C], never read: the softmax cancels the key bias (attention_launch._norm_flags)
     dst_offsets_ptr,  # [N_dst + 1] int32, by slot
     dst_by_slot_ptr,  # [N_dst] int32
     csc_src_ptr,  # [M] int32
@@ -165,7 +164,6 @@ def graph_attention_forward_kernel(
     w_q = load_norm_param(q_weight_ptr, C, HAS_Q_WEIGHT, 1.0, BLOCK_C)
     b_q = load_norm_param(q_bias_ptr, C, HAS_Q_BIAS, 0.0, BLOCK_C)
     w_k = load_norm_param(k_weight_ptr, C, HAS_K_WEIGHT, 1.0, BLOCK_C)
-    b_k = load_norm_param(k_bias_ptr, C, HAS_K_BIAS, 0.0, BLOCK_C)
     if NUM_STAGES > 1:
         # Pipelined kernels walk a run of slots in a loop: even for runs of one slot this form measured 4-7 %
         # faster on the encoders than the plain one (benchmarks/NOTES.md, v3); the unpipelined (low-degree)
@@ -176,7 +174,7 @@ def graph_attention_forward_kernel(
             _attend_node(
                 slot, query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, query_proj_ptr,
                 feature_mean_ptr, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr,
-                w_q, b_q, w_k, b_k, offsets, mask, offs_h, feature_offsets, feature_mask, H, C, score_scale,
+                w_q, b_q, w_k, offsets, mask, offs_h, feature_offsets, feature_mask, H, C, score_scale,
                 eps_q, eps_k, HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_H, BLOCK_C, BLOCK_D,
                 NUM_STAGES,
             )  # fmt: skip
@@ -185,6 +183,6 @@ def graph_attention_forward_kernel(
         _attend_node(
             tl.program_id(0), query_ptr, key_ptr, value_ptr, edge_attr_ptr, edge_features_ptr, query_proj_ptr,
             feature_mean_ptr, dst_offsets_ptr, dst_by_slot_ptr, csc_src_ptr, csc_edge_id_ptr, out_ptr, lse_ptr, w_q,
-            b_q, w_k, b_k, offsets, mask, offs_h, feature_offsets, feature_mask, H, C, score_scale, eps_q, eps_k,
+            b_q, w_k, offsets, mask, offs_h, feature_offsets, feature_mask, H, C, score_scale, eps_q, eps_k,
             HAS_EDGE_ATTR, EDGE_PROJ, EDGE_DIM, HAS_EDGE_BIAS, NORM, BLOCK_H, BLOCK_C, BLOCK_D, NUM_STAGES,
         )  # fmt: skip
