@@ -76,7 +76,7 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # static: torch.compile keeps every size static (automatic_dynamic_shapes off, the limit raised to 64: one graph per
 # chunk size; --isolate too); mlpckpt: gtnorm's mappers run the row-wise work on their destinations in checkpointed
 # parts of NODE_CHUNK_ROWS rows (their node_chunk_rows); efused: gtnorm's lin_edge fused into the kernels on every
-# graph of 200k edges or more (the decoder's too, which config.edge_projection_pays materialises below 2^31 feature
+# graph of 200k edges or more (the decoder's too, which config.edge_projection_pays materialises below 2^30 feature
 # elements); ckptall: gtnorm's decoder checkpoints its last chunk too, as Anemoi's loop does (gtnorm keeps it);
 # keep<N> (keep1, keep3, ...): gtnorm's processor runs its last N layers outside the checkpoints
 # (layers_outside_checkpoint; Anemoi's processor has no such choice, so Anemoi's side refuses it).

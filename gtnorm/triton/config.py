@@ -235,11 +235,13 @@ def attention_launch_config(
 _PROJECTION_MIN_DEGREE = 6.0
 _PROJECTION_MIN_EDGES = 200_000
 _PROJECTION_MIN_EDGES_LOW_DEGREE = 1_000_000  # below the degree: only without a norm, on graphs this large
-# Edge features this large (elements, 4 GiB in bf16) are never materialised, whatever the speed: there memory decides
-# whether a model fits. An O1280 decoder chunk at the yaml's 4 mapper chunks would hold 5.1 G elements (9.4 GiB);
-# fused, the O1280 4-chunk step trains on an 80 GB H100. At O800 (2.0 G elements a chunk, just below) fusing the
-# decoder cost 1.9 % of the compiled step for 3.3 GiB less peak (H200, benchmarks/NOTES.md v31): there speed wins.
-_PROJECTION_MAX_MATERIALISED = 2**31
+# Edge features this large (elements, 2 GiB in bf16) are never materialised, whatever the speed: there memory
+# decides how far a model reaches. An O800 decoder chunk at the yaml's 4 mapper chunks holds 2.0 G elements (3.7 GiB):
+# fused, gtnorm's O800 step peaks at 0.75x Anemoi's instead of 0.82x for 0.4-2.3 % of the compiled step (H200,
+# benchmarks/NOTES.md v41); an O1280 decoder chunk would hold 5.1 G (9.4 GiB at 4 chunks) or 1.3 G (16 chunks).
+# The O320 decoder's chunks (0.3 G) stay materialised: fused they cost 1 % of the step there and no memory, since
+# that step peaks in the processor (v42).
+_PROJECTION_MAX_MATERIALISED = 2**30
 
 
 def edge_projection_pays(num_edges: int, num_dst: int, norm: str | None, row_elements: int) -> bool:

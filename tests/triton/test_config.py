@@ -98,12 +98,14 @@ def test_walk_warps_grow_with_wide_heads():
         (662_072, 40_962, "rms", True),  # O320 -> level-6 encoder
         (81_900, 10_242, "layer", False),  # level-5 processor: host-bound, materialised
         (169_420, 10_242, None, False),  # O160 -> level-5 encoder
-        (1_263_360, 421_120, "layer", False),  # level-6 -> O320 decoder: 3 edges per node, with a norm
-        (1_263_360, 421_120, None, True),  # the same without a norm
-        (1_941_600, 647_200, "layer", False),  # level-7 -> O800 decoder, one of 4 chunks: 2.0 G feature elements
-        (4_951_680, 1_650_560, "layer", True),  # level-7 -> O1280 decoder, one of 4 chunks: 5.1 G, never stored
-        (2_097_152, 699_051, "rms", True),  # exactly 2^31 feature elements
-        (2_097_151, 699_051, "rms", False),
+        (631_680, 210_560, "layer", False),  # level-6 -> O320 decoder in 2 chunks: 3 edges per node, with a norm
+        (1_263_360, 421_120, "layer", True),  # the whole O320 decoder in one call: 1.3 G feature elements
+        (1_263_360, 421_120, None, True),  # the same without a norm (1M+ edges)
+        (315_840, 105_280, "layer", False),  # level-6 -> O320 decoder, one of 4 chunks: 0.3 G feature elements
+        (1_941_600, 647_200, "layer", True),  # level-7 -> O800 decoder, one of 4 chunks: 2.0 G, never stored
+        (4_951_680, 1_650_560, "layer", True),  # level-7 -> O1280 decoder, one of 4 chunks: 5.1 G
+        (1_048_576, 349_526, "rms", True),  # exactly 2^30 feature elements
+        (1_048_575, 349_525, "rms", False),
     ],
 )
 def test_edge_projection_rule(num_edges, num_dst, norm, fused):
