@@ -100,7 +100,9 @@ def test_walk_warps_grow_with_wide_heads():
         (169_420, 10_242, None, False),  # O160 -> level-5 encoder
         (631_680, 210_560, "layer", False),  # level-6 -> O320 decoder in 2 chunks: 3 edges per node, with a norm
         (1_263_360, 421_120, "layer", True),  # the whole O320 decoder in one call: 1.3 G feature elements
-        (1_263_360, 421_120, None, True),  # the same without a norm (1M+ edges)
+        (1_263_360, 421_120, None, True),  # the same without a norm
+        (1_000_000, 333_334, None, True),  # no norm, 1M edges: fused below 2^30 feature elements too
+        (1_000_000, 333_334, "layer", False),  # the same with a norm
         (315_840, 105_280, "layer", False),  # level-6 -> O320 decoder, one of 4 chunks: 0.3 G feature elements
         (1_941_600, 647_200, "layer", True),  # level-7 -> O800 decoder, one of 4 chunks: 2.0 G, never stored
         (4_951_680, 1_650_560, "layer", True),  # level-7 -> O1280 decoder, one of 4 chunks: 5.1 G
