@@ -209,7 +209,7 @@ def readme_table(results: dict, source: str) -> str:
     meta = results["meta"]
     runs = [_run(row, meta) for row in results["rows"]]
     devices = " and ".join(dict.fromkeys(run["device"] for run in runs))
-    dates = " and ".join(dict.fromkeys((run.get("started") or "date not recorded").split()[0] for run in runs))
+    dates = " and ".join(sorted({(run.get("started") or "date not recorded").split()[0] for run in runs}))
     lines = [
         f"{devices}, run of {dates} (each row's run: its last column); anemoi-models {meta['anemoi_models']}, torch "
         f"{meta['torch'].split('+')[0]}; AnemoiModelEncProcDec from anemoi-training's default "
