@@ -74,6 +74,18 @@ def test_variants_merged_from_another_run_name_it():
     assert cells[9] == "2026-11-26, H200, abc1234; anemoi/whole, gtnorm/whole: 2026-11-28, H200, def5678"
 
 
+def test_the_heading_lists_the_rows_runs_dates_in_order():
+    """Rows keep their folders' order (a newer run may sit above an older one); the heading's dates do not."""
+    newer = RUN | {"started": "2026-11-29 04:16 UTC"}
+    rows = [
+        {"graph": graph, "norm": "layer", "mapper_chunks": 4, "run": run, "variants": {
+            "anemoi/blocks": _timed([450.0], [140.0], 500.0), "gtnorm/blocks": _timed([300.0], [100.0], 400.0)}}
+        for graph, run in (("o320_r6", newer), ("o800_r7", RUN), ("o1280_r7", newer))
+    ]  # fmt: skip
+    heading = readme_table(_results(rows), "here/").splitlines()[0]
+    assert heading.startswith("NVIDIA H200, run of 2026-11-26 and 2026-11-29 (each row's run")
+
+
 def test_a_later_folder_replaces_the_rows_it_measured_again(tmp_path):
     """benchmarks.report's model table: a row of a later results folder (same graph, norm and mapper chunks; rows
     from before the chunk axis count as the config's 4) replaces an earlier folder's; other rows stay, in order."""
