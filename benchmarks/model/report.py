@@ -33,10 +33,12 @@ def _ok(row: dict, name: str, mode: str) -> dict:
 
 def _in_default_config(name: str) -> bool:
     """Whether a variant runs the config as users have it: checkpointing on (``nockpt`` trades memory for time, as
-    does ``keep<N>``, gtnorm's processor with its last N layers outside the checkpoints: an explicit choice).
-    ``limit64`` (a user's compile setting, named in the table's cells) and ``efull`` keep the config."""
+    does ``keep<N>``, gtnorm's processor with its last N layers outside the checkpoints, and ``keepattn``, its
+    attention outputs kept for the recompute: explicit choices). ``limit64`` (a user's compile setting, named in the
+    table's cells) and ``efull`` keep the config."""
     options = name.split("/")[2:]
-    return "nockpt" not in options and not any(KEEP_OPTION.fullmatch(option) for option in options)
+    explicit = "nockpt" in options or "keepattn" in options
+    return not explicit and not any(KEEP_OPTION.fullmatch(option) for option in options)
 
 
 def best(row: dict, side: str, mode: str) -> tuple[str, dict] | None:
@@ -98,7 +100,8 @@ def markdown(results: dict) -> str:
         "use_gtnorm_attention; gtnorm_config = the config switch alone. default = the default `compile:` list "
         "(compiles nothing); blocks = the side's block classes listed; whole = torch.compile(model); /nockpt = the "
         "processor without gradient checkpointing; /keep<N> = gtnorm's processor with its last N layers outside the "
-        "checkpoints (layers_outside_checkpoint). Neither is picked as a side's fastest: both trade memory for time.",
+        "checkpoints (layers_outside_checkpoint); /keepattn = gtnorm's processor with its attention outputs kept for "
+        "the recompute (keep_attention_outputs). None is picked as a side's fastest: each trades memory for time.",
     ]
     for row in results["rows"]:
         lines += ["", f"## {GRAPH_NAMES.get(row['graph'], row['graph'])}, QK norm {NORM_NAMES[row['norm']]}, "

@@ -79,8 +79,10 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # graph of 200k edges or more (the decoder's too, which config.edge_projection_pays materialises below 2^30 feature
 # elements); ckptall: gtnorm's decoder checkpoints its last chunk too, as Anemoi's loop does (gtnorm keeps it);
 # keep<N> (keep1, keep3, ...): gtnorm's processor runs its last N layers outside the checkpoints
-# (layers_outside_checkpoint; Anemoi's processor has no such choice, so Anemoi's side refuses it).
-OPTIONS = ("nockpt", "efull", "limit64", "static", "mlpckpt", "efused", "ckptall")
+# (layers_outside_checkpoint); keepattn: gtnorm's processor keeps its attention outputs for the recompute
+# (keep_attention_outputs). Anemoi's processor has neither choice, so Anemoi's side refuses them.
+OPTIONS = ("nockpt", "efull", "limit64", "static", "mlpckpt", "efused", "ckptall", "keepattn")
+GTNORM_ONLY_OPTIONS = ("keepattn",)
 PROCESS_OPTIONS = ("limit64", "static", "efused", "ckptall")  # set for the whole process
 NODE_CHUNK_ROWS = 2**17
 
@@ -111,8 +113,8 @@ class Variant:
         side, mode, *options = name.split("/")
         if not all(option in OPTIONS or KEEP_OPTION.fullmatch(option) for option in options):
             raise ValueError(f"unknown variant option in {name!r} (known: {', '.join(OPTIONS)}, keep<N>)")
-        if side == "anemoi" and any(KEEP_OPTION.fullmatch(option) for option in options):
-            raise ValueError(f"{name!r}: keep<N> is gtnorm's only")
+        if side == "anemoi" and any(KEEP_OPTION.fullmatch(o) or o in GTNORM_ONLY_OPTIONS for o in options):
+            raise ValueError(f"{name!r}: keep<N> and {', '.join(GTNORM_ONLY_OPTIONS)} are gtnorm's only")
         return cls(side, mode, tuple(options))
 
     @property
@@ -154,6 +156,8 @@ class Case:
         model.processor.gradient_checkpointing = "nockpt" not in variant.options
         if variant.processor_layers_kept:
             model.processor.layers_outside_checkpoint = variant.processor_layers_kept
+        if "keepattn" in variant.options:
+            model.processor.keep_attention_outputs = True
         if "mlpckpt" in variant.options:
             for mapper in model.modules():
                 if isinstance(mapper, gtnorm_mapper._NodeChunkRows):

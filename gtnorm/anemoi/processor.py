@@ -1,5 +1,5 @@
-"""Anemoi's GraphTransformerProcessor with gtnorm's fused attention + QK norm in every block, and an explicit choice
-to run its last layers outside gradient checkpointing.
+"""Anemoi's GraphTransformerProcessor with gtnorm's fused attention + QK norm in every block, and two explicit choices
+of what the backward runs again under gradient checkpointing.
 
 Anemoi checkpoints the processor in chunks of num_layers / num_chunks layers: the backward runs each chunk's forward
 again, the whole processor's forward a second time. The last chunk is the first one the backward reaches, so the
@@ -9,6 +9,11 @@ step peaks elsewhere (in the first processor chunk's backward, as at O320) the f
 checkpointing and peak). Measured at O320 on an H200 (40,962 hidden nodes x 1,024 channels, fp16, benchmarks/NOTES.md
 v38): each kept layer saves ~3.5 ms a step and, past the first, adds ~1.3 GiB to the peak; at O800's 163,842 nodes
 about four times both.
+
+``keep_attention_outputs`` keeps each checkpointed layer's attention outputs from its forward for the recompute
+(gtnorm/triton/kept_outputs.py): the recompute runs everything but the attention kernels again, for the outputs'
+memory ([N, H, C] in the activations' dtype, [N, H] and [N, H, D + 1] fp32 a layer) held from a chunk's forward to
+its recompute.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from __future__ import annotations
 import torch
 from anemoi.models.layers import processor as anemoi_processor
 from anemoi.models.layers.utils import maybe_checkpoint
+from torch.utils.checkpoint import checkpoint
 
 from gtnorm.anemoi.block import convert_blocks
+from gtnorm.triton.kept_outputs import attention_outputs_kept
 
 
 class GraphTransformerProcessor(anemoi_processor.GraphTransformerProcessor):
@@ -27,17 +34,30 @@ class GraphTransformerProcessor(anemoi_processor.GraphTransformerProcessor):
 
     ``layers_outside_checkpoint`` (default 0): with gradient checkpointing on, this many of the last layers run
     without a checkpoint, so the backward does not run them again (module docstring: the time and memory it trades).
-    Results are bitwise those of the fully checkpointed processor. :func:`gtnorm.anemoi.use_gtnorm_attention`
-    re-classes a built Anemoi processor to this class (0 layers kept, until set on the instance).
+    ``keep_attention_outputs`` (default False): with gradient checkpointing on, the checkpointed layers' attention
+    outputs are kept from the forward, and the backward's recompute does not run the attention kernels again.
+    Results are bitwise those of the fully checkpointed processor with either.
+    :func:`gtnorm.anemoi.use_gtnorm_attention` re-classes a built Anemoi processor to this class (no layer kept, no
+    outputs kept, until set on the instance).
     """
 
-    _layers_outside_checkpoint: int = 0  # a class default, so that an Anemoi processor re-classed in place has it
+    # Class defaults, so that an Anemoi processor re-classed in place has them.
+    _layers_outside_checkpoint: int = 0
+    keep_attention_outputs: bool = False
 
     def __init__(
-        self, *, graph_attention_backend: str = "triton", layers_outside_checkpoint: int = 0, **kwargs
+        self,
+        *,
+        graph_attention_backend: str = "triton",
+        layers_outside_checkpoint: int = 0,
+        keep_attention_outputs: bool = False,
+        **kwargs,
     ) -> None:
         super().__init__(graph_attention_backend=graph_attention_backend, **kwargs)
         self.layers_outside_checkpoint = layers_outside_checkpoint
+        if not isinstance(keep_attention_outputs, bool):
+            raise ValueError(f"keep_attention_outputs must be a bool, got {keep_attention_outputs!r}")
+        self.keep_attention_outputs = keep_attention_outputs
         convert_blocks(self, graph_attention_backend)
 
     @property
@@ -56,14 +76,17 @@ class GraphTransformerProcessor(anemoi_processor.GraphTransformerProcessor):
         # Anemoi's loop (maybe_checkpoint around run_layer_chunk), the chunk that reaches the kept layers cut short at
         # them. Written out rather than handing the default to Anemoi's run_layers: one call deeper, a compiled
         # processor under a model group breaks once more at the same log line (tests/distributed).
-        kept = self.layers_outside_checkpoint if self.gradient_checkpointing and torch.is_grad_enabled() else 0
-        first_kept = self.num_layers - kept
+        checkpointing = self.gradient_checkpointing and torch.is_grad_enabled()
+        first_kept = self.num_layers - (self.layers_outside_checkpoint if checkpointing else 0)
         for chunk_start in range(0, first_kept, self.chunk_size):
-            enabled = self.gradient_checkpointing
-            if chunk_start + self.chunk_size <= first_kept:
-                data = maybe_checkpoint(self.run_layer_chunk, enabled, chunk_start, data, *args, **kwargs)
+            run, chunk = self.run_layer_chunk, [chunk_start, data]
+            if chunk_start + self.chunk_size > first_kept:
+                run, chunk = self._run_layer_range, [chunk_start, first_kept, data]
+            if checkpointing and self.keep_attention_outputs:
+                context_fn = attention_outputs_kept()
+                data = checkpoint(run, *chunk, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
             else:
-                data = maybe_checkpoint(self._run_layer_range, enabled, chunk_start, first_kept, data, *args, **kwargs)
+                data = maybe_checkpoint(run, self.gradient_checkpointing, *chunk, *args, **kwargs)
         return self._run_layer_range(first_kept, self.num_layers, data, *args, **kwargs)
 
     def _run_layer_range(self, start: int, end: int, data: tuple, *args, **kwargs) -> tuple:

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from gtnorm.triton.attention_launch import attention_backward, attention_forward, extended_dim_of
 from gtnorm.triton.config import AttentionLaunchConfig
+from gtnorm.triton.kept_outputs import run_or_replay
 
 
 def _op_schema(fn, outputs: int | None = None) -> str:
@@ -34,9 +35,15 @@ def _op_schema(fn, outputs: int | None = None) -> str:
     return torch.library.infer_schema(prototype, mutates_args=())
 
 
+def _recorded_forward(*args, **kwargs) -> tuple[Tensor, Tensor, Tensor | None]:
+    """attention_forward, or what a checkpointed region's forward kept of this call for its recompute
+    (kept_outputs.py): the training paths' forward. ``args[0]`` is the query."""
+    return run_or_replay(functools.partial(attention_forward, *args, **kwargs), args[0])
+
+
 def _attention_forward_op(*args, **kwargs) -> tuple[Tensor, Tensor, Tensor]:
     """attention_forward with an empty fp32 query_proj where there is none, as an op must return tensors."""
-    out, lse, query_proj = attention_forward(*args, **kwargs)
+    out, lse, query_proj = _recorded_forward(*args, **kwargs)
     return out, lse, query_proj if query_proj is not None else lse.new_empty(0)
 
 
@@ -160,7 +167,7 @@ class _EagerGraphAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, launch, *inputs):
-        output = attention_forward(*inputs, launch=launch)
+        output = _recorded_forward(*inputs, launch=launch)
         _setup_context(ctx, inputs, output, graph_on_ctx=True)
         ctx.launch = launch
         # lse takes no gradient: without this autograd would allocate and zero-fill one for it at every backward.

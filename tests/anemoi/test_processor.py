@@ -1,6 +1,7 @@
-"""gtnorm's processor drop-in with its last layers outside gradient checkpointing (gtnorm/anemoi/processor.py):
-bitwise the fully checkpointed processor's step, each kept layer run once in a training step and every other one
-twice (its forward, then again in the backward), Anemoi's chunks otherwise."""
+"""gtnorm's processor drop-in with its last layers outside gradient checkpointing, or its attention outputs kept for
+the recompute (gtnorm/anemoi/processor.py): bitwise the fully checkpointed processor's step, each kept layer run once
+in a training step and every other one twice (its forward, then again in the backward), Anemoi's chunks otherwise;
+with the attention outputs kept, each layer's attention forward once."""
 
 from __future__ import annotations
 
@@ -14,18 +15,20 @@ import torch  # noqa: E402
 
 import gtnorm.anemoi  # noqa: E402
 from tests.anemoi.setups import Case, forward, make_inputs, training_step  # noqa: E402
-from tests.launches import attention_ran, count_launches  # noqa: E402
+from tests.launches import FORWARD, attention_ran, count_launches  # noqa: E402
 
 NUM_LAYERS = 4
 CASE = Case("processor", num_chunks=2)  # chunks of 2 layers
 
 
 def build(
-    layers_outside_checkpoint: int, device, checkpointing: bool = True, backend: str = "triton"
+    layers_outside_checkpoint: int, device, checkpointing: bool = True, backend: str = "triton", **options
 ) -> gtnorm.anemoi.GraphTransformerProcessor:
     torch.manual_seed(0)
     args = CASE.arguments(backend) | dict(num_layers=NUM_LAYERS, gradient_checkpointing=checkpointing)
-    processor = gtnorm.anemoi.GraphTransformerProcessor(**args, layers_outside_checkpoint=layers_outside_checkpoint)
+    processor = gtnorm.anemoi.GraphTransformerProcessor(
+        **args, layers_outside_checkpoint=layers_outside_checkpoint, **options
+    )
     with torch.no_grad():  # away from the initial norm weights of ones and zero biases
         for p in processor.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -51,12 +54,38 @@ def test_kept_layers_run_once_and_the_step_is_bitwise_the_checkpointed_one(kept,
         actual = training_step(processor, CASE, inputs)
     assert attention_ran(launches) is None, attention_ran(launches)
     assert calls == [2] * (NUM_LAYERS - kept) + [1] * kept
+    assert_bitwise(actual, expected)
+
+
+def assert_bitwise(actual, expected) -> None:
     assert torch.equal(actual.output, expected.output)
     for a, e in zip(actual.input_grads, expected.input_grads, strict=True):
         assert torch.equal(a, e)
     assert actual.param_grads.keys() == expected.param_grads.keys()
     for name, grad in expected.param_grads.items():
         assert torch.equal(actual.param_grads[name], grad), name
+
+
+@pytest.mark.parametrize("kept", [0, 1])
+def test_kept_attention_outputs_run_each_attention_forward_once_and_the_step_is_bitwise(kept, device):
+    """Every layer still runs twice (its forward, then the recompute), but the recompute takes the attention's
+    outputs from the forward: one forward launch per layer, as without checkpointing. With a layer outside the
+    checkpoints (kept = 1) the two choices combine."""
+    inputs = make_inputs(CASE, device)
+    expected = training_step(build(0, device), CASE, inputs)
+    processor = build(kept, device, keep_attention_outputs=True)
+    calls = layer_calls(processor)
+    with count_launches() as launches:
+        actual = training_step(processor, CASE, inputs)
+    assert calls == [2] * (NUM_LAYERS - kept) + [1] * kept
+    assert launches[FORWARD] == NUM_LAYERS, launches
+    assert_bitwise(actual, expected)
+
+
+def test_kept_attention_outputs_is_a_bool_and_off_by_default():
+    with pytest.raises(ValueError, match="keep_attention_outputs must be a bool"):
+        build(0, torch.device("cpu"), backend="pyg", keep_attention_outputs=1)
+    assert build(0, torch.device("cpu"), backend="pyg").keep_attention_outputs is False
 
 
 @pytest.mark.parametrize("kept", [3, NUM_LAYERS])
@@ -109,7 +138,7 @@ def test_an_anemoi_processor_converted_in_place_can_keep_layers(device):
     keys = anemoi_processor.state_dict().keys()
     processor = gtnorm.anemoi.use_gtnorm_attention(anemoi_processor, "pyg")
     assert isinstance(processor, gtnorm.anemoi.GraphTransformerProcessor) and processor.state_dict().keys() == keys
-    assert processor.layers_outside_checkpoint == 0
+    assert processor.layers_outside_checkpoint == 0 and processor.keep_attention_outputs is False
     processor.layers_outside_checkpoint = 1
     calls = layer_calls(processor)
     training_step(processor, CASE, make_inputs(CASE, device))
