@@ -39,6 +39,7 @@ from tests.anemoi.setups import (  # noqa: E402
     rel_error,
     training_step,
 )
+from tests.launches import FORWARD, count_launches  # noqa: E402
 
 BACKEND = "inductor" if torch.cuda.is_available() else "aot_eager"
 # Compiled and eager runs share the kernels; only the code around them may be fused differently.
@@ -100,6 +101,25 @@ def test_processor_is_one_graph_and_matches_eager(norm, edges, device, monkeypat
         assert_steps_match(training_step(compiled, case, step_inputs), training_step(module, case, step_inputs), TOL)
     assert counter.frame_count == 1, "recompiled for a new edge_index tensor"
     assert graph_breaks() == {}
+
+
+def test_processor_keeping_attention_outputs_is_one_graph_that_runs_each_attention_forward_once(device):
+    """keep_attention_outputs under fullgraph=True: the checkpoints' selective policy (kept_outputs.py) traces
+    without a break; the compiled step launches each layer's attention forward once (plain checkpointing: twice)
+    and matches the eager processor's, which recomputes it."""
+    case = Case("processor", norm="layer", num_chunks=2)  # 2 layers, one checkpoint each
+    _, module = build_pair(case, "triton", device)
+    inputs = make_inputs(case, device)
+    expected = training_step(module, case, inputs)
+    module.keep_attention_outputs = True
+    counter = CompileCounterWithBackend(BACKEND)
+    compiled = torch.compile(module, backend=counter, fullgraph=True)
+    training_step(compiled, case, inputs)  # compiles
+    with count_launches() as launches:
+        actual = training_step(compiled, case, inputs)
+    assert launches[FORWARD] == 2, launches
+    assert_steps_match(actual, expected, TOL)
+    assert counter.frame_count == 1 and graph_breaks() == {}
 
 
 def test_processor_block_through_anemoi_compile_config(device):
