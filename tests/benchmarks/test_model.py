@@ -256,6 +256,19 @@ def test_processor_keep_option(graph, kept):
         run.Variant.parse("gtnorm/blocks/keepall")
 
 
+def test_processor_keepattn_option(graph):
+    """keepattn sets gtnorm's processor's keep_attention_outputs, beside keep<N>; Anemoi's side refuses it."""
+    case = run.Case(run.Variant.parse("gtnorm/default/keep1/keepattn"), TINY, run.TINY_DATA, graph, torch.float16,
+                    torch.device("cpu"))  # fmt: skip
+    assert case.model.processor.keep_attention_outputs is True
+    assert case.model.processor.layers_outside_checkpoint == 1
+    plain = run.Case(run.Variant.parse("gtnorm/default"), TINY, run.TINY_DATA, graph, torch.float16,
+                     torch.device("cpu"))  # fmt: skip
+    assert plain.model.processor.keep_attention_outputs is False
+    with pytest.raises(ValueError, match="gtnorm's only"):
+        run.Variant.parse("anemoi/blocks/keepattn")
+
+
 def test_compiled_variants_do_not_share_a_process():
     """Two compiled variants would share Anemoi's forward methods' compiled graphs (and their recompile limit) in
     one process: the benchmark isolates them; eager variants beside one compiled variant may share."""

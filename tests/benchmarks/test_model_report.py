@@ -34,9 +34,10 @@ def test_each_side_fastest_by_one_rule():
         "gtnorm/blocks": _timed([300.0, 302.0, 304.0], [100.0, 101.0, 102.0], 400.0),
         "gtnorm/blocks/nockpt": _timed([90.0, 90.0, 90.0], [9.0, 9.0, 9.0], 900.0),
         "gtnorm/blocks/keep3": _timed([280.0, 280.0, 280.0], [100.0, 100.0, 100.0], 450.0),
+        "gtnorm/blocks/keepattn": _timed([285.0, 285.0, 285.0], [100.0, 100.0, 100.0], 420.0),
     }}  # fmt: skip
-    # nockpt and keep<N> trade the memory users chose for time: not picked, on either side; limit64 keeps the
-    # config.
+    # nockpt, keep<N> and keepattn trade the memory users chose for time: not picked, on either side; limit64 keeps
+    # the config.
     assert best(row, "anemoi", "train")[0] == "anemoi/blocks/limit64"
     assert best(row, "gtnorm", "train")[0] == "gtnorm/blocks"
     line = readme_table(_results([row]), "here/").splitlines()[-1]
