@@ -4,12 +4,16 @@ compiled region inside an eager checkpoint, and where torch.compile traces the c
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 import torch._dynamo
 from torch.utils.checkpoint import checkpoint
 
 import gtnorm
+from gtnorm.triton import kept_outputs
 from gtnorm.triton.kept_outputs import _KeptOutputs, _Phase, attention_outputs_kept
 from tests.conftest import DEVICE, HAS_CUDA
 from tests.graphs import make_graph, rel_error
@@ -109,6 +113,29 @@ def test_an_output_changed_in_place_after_the_forward_does_not_reach_the_recompu
     module, x = make_module()
     expected = step(module, x, lambda m, x: in_place(m, x, torch.utils.checkpoint.noop_context_fn))
     assert_bitwise(step(module, x, lambda m, x: in_place(m, x, attention_outputs_kept())), expected)
+
+
+def test_the_record_lives_with_the_graph_and_no_phase_outlives_its_region(monkeypatch):
+    """A forward whose backward never runs (a dropped loss) frees what it recorded with its graph; after a region's
+    forward and after its recompute no phase is left active."""
+    made = []
+
+    def recording_contexts():
+        forward_context, recompute_context = eager_contexts()
+        made.append(weakref.ref(forward_context.kept))
+        return forward_context, recompute_context
+
+    eager_contexts = kept_outputs._eager_contexts
+    monkeypatch.setattr(kept_outputs, "_eager_contexts", recording_contexts)
+    module, x = make_module()
+    out = kept(module, x.requires_grad_())
+    assert getattr(kept_outputs._active, "phase", None) is None
+    assert len(made) == 1 and len(made[0]().calls) == 2
+    del out
+    gc.collect()
+    assert made[0]() is None
+    step(module, x, kept)
+    assert getattr(kept_outputs._active, "phase", None) is None
 
 
 def test_a_recompute_that_asks_for_another_call_runs_it_and_trusts_nothing_kept():
