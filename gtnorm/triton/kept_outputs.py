@@ -53,15 +53,15 @@ class _Phase:
     def __exit__(self, *exc) -> None:
         _active.phase = self.outer
 
-    def run(self, forward: Callable[[], tuple], query: Tensor) -> tuple:
+    def run(self, forward: Callable[..., tuple], query: Tensor, *args, **kwargs) -> tuple:
         calls = self.kept.calls
         if self.replaying:
             if calls and _made_for(calls[0][0], query):
                 return calls.popleft()
             # Not the call the forward made next (the recompute took another path): nothing kept is trusted.
             calls.clear()
-            return forward()
-        out, lse, query_proj = forward()
+            return forward(query, *args, **kwargs)
+        out, lse, query_proj = forward(query, *args, **kwargs)
         calls.append((out.clone(), lse, query_proj))
         return out, lse, query_proj
 
@@ -70,11 +70,13 @@ def _made_for(out: Tensor, query: Tensor) -> bool:
     return out.shape == query.shape and out.dtype == query.dtype and out.device == query.device
 
 
-def run_or_replay(forward: Callable[[], tuple], query: Tensor) -> tuple:
-    """``forward()`` (the op's kernels: (out, lse, query_proj)), recorded or replayed where a region that keeps the
-    attention's outputs is running."""
+def run_or_replay(forward: Callable[..., tuple], query: Tensor, *args, **kwargs) -> tuple:
+    """``forward(query, *args, **kwargs)`` (the op's kernels: (out, lse, query_proj)), recorded or replayed where a
+    region that keeps the attention's outputs is running."""
     phase = getattr(_active, "phase", None)
-    return forward() if phase is None else phase.run(forward, query)
+    if phase is None:
+        return forward(query, *args, **kwargs)
+    return phase.run(forward, query, *args, **kwargs)
 
 
 def _eager_contexts() -> tuple[_Phase, _Phase]:

@@ -143,14 +143,14 @@ def test_a_recompute_that_asks_for_another_call_runs_it_and_trusts_nothing_kept(
     recorded = [torch.zeros(3, 2, 4), torch.zeros(5, 2, 4)]
     with _Phase(kept_outputs, replaying=False) as phase:
         for out in recorded:
-            phase.run(lambda out=out: (out, out.new_zeros(out.shape[:2]), None), out)
+            phase.run(lambda q: (q, q.new_zeros(q.shape[:2]), None), out)
     assert len(kept_outputs.calls) == 2
     other = torch.ones(4, 2, 4)
     with _Phase(kept_outputs, replaying=True) as phase:
-        out, _, _ = phase.run(lambda: (other, other.new_ones(4, 2), None), other)
+        out, _, _ = phase.run(lambda q: (q, q.new_ones(4, 2), None), other)
         assert out is other and not kept_outputs.calls
         fresh = torch.ones(5, 2, 4)
-        assert phase.run(lambda: (fresh, fresh, None), fresh)[0] is fresh
+        assert phase.run(lambda q: (q, q, None), fresh)[0] is fresh
 
 
 @pytest.mark.parametrize("where", ["region compiled inside", "checkpoint compiled"])
