@@ -1,0 +1,229 @@
+"""Where the GPU waits during the whole model's training step: the gaps between its kernels, each named by what
+the host was running when the kernel that ends the gap was launched.
+
+    python -m benchmarks.model.idle --graph o320_r6 --norm layer --mapper-chunks 4 --variant gtnorm/blocks
+
+A step's wall time is its kernels' time plus the GPU's idle time; benchmarks.model.profile prints both sums (at O320
+with LayerNorm, v43: 11.6 ms of gtnorm's 307.6 ms step with no kernel running). Here profiled steps (torch.profiler,
+CPU and CUDA activities, read back from the Chrome trace it exports) give every gap, and the launch of the kernel
+after it gives its cause: launched after the GPU ran dry, the host was late, busy in the ops named; launched before,
+the kernel waited on something else (a copy, an event, the launch itself). The encoder's, processor's and
+decoder's forwards run under labels of those names; gaps in the backward are named by the autograd node that runs
+on the engine's thread (a checkpoint's recompute runs inside its node) and the innermost op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from benchmarks.graphs.measure import clear_grads
+from benchmarks.model.profile import MODULES
+from benchmarks.model.run import add_case_arguments, case_of_arguments, git_commit
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+HOST_CATEGORIES = ("cpu_op", "user_annotation")
+STEP_LABEL = "idle_probe_step"
+_AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
+
+
+@dataclass(frozen=True)
+class Gap:
+    start_us: float  # when the GPU ran dry (trace clock)
+    length_us: float
+    host_late: bool  # the kernel after the gap was launched after the gap opened
+    label: str  # what the host ran at that launch (enclosing_label)
+
+
+def enclosing_label(stack: list[str]) -> str:
+    """A launch's host stack (outermost first) as a short label: the module label, the autograd node and the
+    innermost op, those that are present."""
+    module = next((name for name in stack if name in MODULES), None)
+    node = next((name[len(_AUTOGRAD_NODE) :] for name in reversed(stack) if name.startswith(_AUTOGRAD_NODE)), None)
+    parts = [module, node, stack[-1] if stack else "(no op)"]
+    return " > ".join(dict.fromkeys(part for part in parts if part))
+
+
+def _stacks_at(intervals: list[tuple[float, float, str]], times: list[float]) -> list[list[str]]:
+    """The names of the intervals (start, end, name: one thread's nested host ops) open at each of ``times``,
+    outermost first, by one sweep over both in time order."""
+    order = sorted(range(len(times)), key=times.__getitem__)
+    intervals = sorted(intervals, key=lambda interval: (interval[0], -interval[1]))
+    stacks: list[list[str]] = [[] for _ in times]
+    open_intervals: list[tuple[float, float, str]] = []
+    next_interval = 0
+    for index in order:
+        t = times[index]
+        while next_interval < len(intervals) and intervals[next_interval][0] <= t:
+            interval = intervals[next_interval]
+            while open_intervals and open_intervals[-1][1] < interval[0]:
+                open_intervals.pop()
+            open_intervals.append(interval)
+            next_interval += 1
+        while open_intervals and open_intervals[-1][1] < t:
+            open_intervals.pop()
+        stacks[index] = [name for start, end, name in open_intervals if start <= t <= end]
+    return stacks
+
+
+def gaps_in_window(events: list[dict], window: tuple[float, float], min_gap_us: float) -> tuple[float, list[Gap]]:
+    """(the GPU's busy microseconds, its gaps of at least ``min_gap_us``) between ``window``'s ends (trace clock), from
+    a Chrome trace's events. The GPU is busy where any kernel, copy or memset runs (streams merged); the time before
+    the window's first kernel is a gap too (the host launching the step)."""
+    start, end = window
+    activity = sorted(
+        (event for event in events if event.get("cat") in GPU_CATEGORIES and start <= event["ts"] <= end),
+        key=lambda event: event["ts"],
+    )
+    launches = {
+        event["args"]["correlation"]: event
+        for event in events
+        if event.get("cat") in LAUNCH_CATEGORIES and "correlation" in event.get("args", {})
+    }
+    busy, busy_end, raw = 0.0, start, []
+    for event in activity:
+        event_end = event["ts"] + event.get("dur", 0.0)
+        if event["ts"] - busy_end >= min_gap_us:
+            raw.append((busy_end, event["ts"] - busy_end, launches.get(event.get("args", {}).get("correlation"))))
+        busy += max(0.0, event_end - max(event["ts"], busy_end))
+        busy_end = max(busy_end, event_end)
+    host = defaultdict(list)
+    for event in events:
+        if event.get("cat") in HOST_CATEGORIES and event.get("ph") == "X":
+            host[event["tid"]].append((event["ts"], event["ts"] + event.get("dur", 0.0), event["name"]))
+    by_thread = defaultdict(list)  # tid -> indices into raw
+    for index, (_, _, launch) in enumerate(raw):
+        if launch is not None:
+            by_thread[launch["tid"]].append(index)
+    labels = ["(launch not in the trace)"] * len(raw)
+    for tid, indices in by_thread.items():
+        stacks = _stacks_at(host[tid], [raw[index][2]["ts"] for index in indices])
+        for index, stack in zip(indices, stacks, strict=True):
+            labels[index] = enclosing_label(stack)
+    gaps = [
+        Gap(gap_start, length, launch is not None and launch["ts"] > gap_start, label)
+        for (gap_start, length, launch), label in zip(raw, labels, strict=True)
+    ]
+    return busy, gaps
+
+
+def summarize(window_us: float, busy_us: float, gaps: list[Gap], steps: int, top: int = 20) -> dict:
+    """Per-step ms: the wall, the GPU busy and idle time, the gaps found (host late or not) and the labels whose gaps
+    sum to the most."""
+    by_label: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # count, ms, of which host late
+    for gap in gaps:
+        entry = by_label[gap.label]
+        entry[0] += 1
+        entry[1] += gap.length_us / 1e3
+        entry[2] += gap.length_us / 1e3 if gap.host_late else 0.0
+    ranked = sorted(by_label.items(), key=lambda item: -item[1][1])[:top]
+    return {
+        "wall_ms": window_us / 1e3 / steps,
+        "busy_ms": busy_us / 1e3 / steps,
+        "idle_ms": (window_us - busy_us) / 1e3 / steps,
+        "gaps": len(gaps) / steps,
+        "gaps_ms": sum(gap.length_us for gap in gaps) / 1e3 / steps,
+        "host_late_ms": sum(gap.length_us for gap in gaps if gap.host_late) / 1e3 / steps,
+        "by_label": [
+            {"label": label, "gaps": count / steps, "ms": ms / steps, "host_late_ms": late / steps}
+            for label, (count, ms, late) in ranked
+        ],
+        "longest": [asdict(gap) for gap in sorted(gaps, key=lambda gap: -gap.length_us)[:top]],
+    }
+
+
+def format_summary(name: str, s: dict, min_gap_us: float) -> str:
+    lines = [
+        f"{name}: step wall {s['wall_ms']:.1f} ms, GPU busy {s['busy_ms']:.1f}, idle {s['idle_ms']:.1f}; "
+        f"{s['gaps']:.0f} gaps of >= {min_gap_us:g} us: {s['gaps_ms']:.1f} ms, of which the host was late for "
+        f"{s['host_late_ms']:.1f}",
+        f"    {'gaps':>6s} {'ms':>7s} {'late ms':>8s}  host at the launch after the gap",
+    ]
+    lines += [
+        f"    {row['gaps']:6.0f} {row['ms']:7.2f} {row['host_late_ms']:8.2f}  {row['label'][:110]}"
+        for row in s["by_label"]
+    ]
+    return "\n".join(lines)
+
+
+class ModuleLabels:
+    """record_function ranges around the forward of the model's encoder, processor and decoder (hooks)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.open: dict[str, torch.autograd.profiler.record_function] = {}
+        self.handles = []
+        for name in MODULES:
+            module = getattr(model, name)
+            module = module["0"] if isinstance(module, torch.nn.ModuleDict) else module
+            self.handles.append(module.register_forward_pre_hook(lambda *_, name=name: self._enter(name)))
+            self.handles.append(module.register_forward_hook(lambda *_, name=name: self._exit(name)))
+
+    def _enter(self, name: str) -> None:
+        self.open[name] = torch.autograd.profiler.record_function(name)
+        self.open[name].__enter__()
+
+    def _exit(self, name: str) -> None:
+        self.open.pop(name).__exit__(None, None, None)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def idle_of_case(case, steps: int, min_gap_us: float) -> dict:
+    """Profiles ``steps`` training steps of a benchmarks.model Case (two unprofiled first) and summarises their gaps."""
+
+    def step():
+        clear_grads(case.leaves)
+        case.train()
+
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    labels = ModuleLabels(case.model)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            with torch.autograd.profiler.record_function(STEP_LABEL):
+                step()
+                torch.cuda.synchronize()
+    labels.remove()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    windows = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == STEP_LABEL and e.get("ph") == "X"]
+    busy, gaps = 0.0, []
+    for window in windows:
+        window_busy, window_gaps = gaps_in_window(events, window, min_gap_us)
+        busy += window_busy
+        gaps += window_gaps
+    return summarize(sum(end - start for start, end in windows), busy, gaps, len(windows))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.model.idle", description=__doc__.split("\n\n")[0])
+    add_case_arguments(parser)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--min-gap-us", type=float, default=20.0, help="shorter gaps count as idle time, not listed")
+    parser.add_argument("--out", type=Path, default=None, help="also write the summary as JSON")
+    args = parser.parse_args(argv)
+    case = case_of_arguments(args, "benchmarks.model.idle")
+    summary = idle_of_case(case, args.steps, args.min_gap_us)
+    print(f"## {args.graph}, QK norm {args.norm}, {args.dtype}, {args.mapper_chunks} mapper chunks: per step")
+    print(format_summary(args.variant, summary, args.min_gap_us), flush=True)
+    if args.out is not None:
+        meta = {name: getattr(args, name) for name in ("graph", "norm", "dtype", "mapper_chunks", "variant", "steps")}
+        meta |= {"min_gap_us": args.min_gap_us, "device": torch.cuda.get_device_name(), "commit": git_commit()}
+        args.out.write_text(json.dumps({"meta": meta, **summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""benchmarks.model.idle's reading of a Chrome trace on the CPU: the GPU's gaps, whether the host was late, and the
+host ops named at the launch after each gap (the profiling itself needs CUDA)."""
+
+import pytest
+
+from benchmarks.model.idle import enclosing_label, gaps_in_window, summarize
+
+
+def _kernel(ts, dur, correlation):
+    return {"ph": "X", "cat": "kernel", "name": "k", "ts": ts, "dur": dur, "args": {"correlation": correlation}}
+
+
+def _launch(ts, correlation, tid=1):
+    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 2.0, "tid": tid,
+            "args": {"correlation": correlation}}  # fmt: skip
+
+
+def _op(ts, dur, name, tid=1, cat="cpu_op"):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+
+def _trace():
+    """Kernels 10-20, 21-40 (a 1 us gap), 100-110 (launched at 90, late: the host was in aten::index on the
+    processor), 200-210 (launched at 50, early: the kernel waited) and 205-230 on another stream (overlapping)."""
+    return [
+        _op(0, 300, "processor", cat="user_annotation"),
+        _op(85, 10, "aten::index"),
+        _op(86, 5, "aten::nonzero"),
+        _op(150, 100, "autograd::engine::evaluate_function: CheckpointFunctionBackward", tid=2),
+        _op(40, 20, "aten::mm", tid=2),
+        _launch(5, 1), _kernel(10, 10, 1),
+        _launch(15, 2), _kernel(21, 19, 2),
+        _launch(90, 3), _kernel(100, 10, 3),
+        _launch(50, 4, tid=2), _kernel(200, 10, 4),
+        _launch(160, 5, tid=2), _kernel(205, 25, 5),
+    ]  # fmt: skip
+
+
+def test_gaps_are_found_and_the_busy_time_merges_streams():
+    busy, gaps = gaps_in_window(_trace(), (0.0, 240.0), min_gap_us=5.0)
+    assert busy == pytest.approx(10 + 19 + 10 + 30)
+    assert [(gap.start_us, gap.length_us) for gap in gaps] == [(0.0, 10.0), (40.0, 60.0), (110.0, 90.0)]
+
+
+def test_a_late_launch_is_the_host_s_and_named_by_its_ops():
+    _, gaps = gaps_in_window(_trace(), (0.0, 240.0), min_gap_us=5.0)
+    late = gaps[1]
+    assert late.host_late
+    assert late.label == "processor > aten::nonzero"
+    early = gaps[2]  # launched at 50, inside aten::mm on the engine's thread, before the GPU ran dry at 110
+    assert not early.host_late
+    assert early.label == "aten::mm"
+
+
+def test_the_window_limits_the_kernels():
+    busy, gaps = gaps_in_window(_trace(), (0.0, 60.0), min_gap_us=5.0)
+    assert busy == pytest.approx(29.0)
+    assert len(gaps) == 1
+
+
+def test_labels_name_the_module_node_and_innermost_op():
+    stack = ["step", "autograd::engine::evaluate_function: MmBackward0", "aten::mm"]
+    assert enclosing_label(stack) == "MmBackward0 > aten::mm"
+    assert enclosing_label(["decoder", "aten::cat"]) == "decoder > aten::cat"
+    assert enclosing_label(["decoder"]) == "decoder"
+    assert enclosing_label([]) == "(no op)"
+
+
+def test_summary_is_per_step_and_ranks_labels():
+    busy, gaps = gaps_in_window(_trace(), (0.0, 240.0), min_gap_us=5.0)
+    summary = summarize(240.0, busy, gaps, steps=1)
+    assert summary["idle_ms"] == pytest.approx((240 - 69) / 1e3)
+    assert summary["host_late_ms"] == pytest.approx(0.070)  # the step's first launch (at 5) and the late one
+    assert summary["by_label"][0]["label"] == "aten::mm"
+    assert summarize(480.0, 2 * busy, gaps + gaps, steps=2)["gaps"] == 3
