@@ -40,6 +40,7 @@ class Gap:
     length_us: float
     host_late: bool  # the kernel after the gap was launched after the gap opened
     label: str  # what the host ran at that launch (enclosing_label)
+    opened_in: str  # what the launching thread ran when the gap opened (enclosing_label)
 
 
 def enclosing_label(stack: list[str]) -> str:
@@ -103,23 +104,25 @@ def gaps_in_window(events: list[dict], window: tuple[float, float], min_gap_us: 
         if launch is not None:
             by_thread[launch["tid"]].append(index)
     labels = ["(launch not in the trace)"] * len(raw)
+    opened_in = list(labels)
     for tid, indices in by_thread.items():
-        stacks = _stacks_at(host[tid], [raw[index][2]["ts"] for index in indices])
-        for index, stack in zip(indices, stacks, strict=True):
-            labels[index] = enclosing_label(stack)
+        times = [raw[index][2]["ts"] for index in indices] + [raw[index][0] for index in indices]
+        stacks = _stacks_at(host[tid], times)
+        for index, at_launch, at_open in zip(indices, stacks[: len(indices)], stacks[len(indices) :], strict=True):
+            labels[index], opened_in[index] = enclosing_label(at_launch), enclosing_label(at_open)
     gaps = [
-        Gap(gap_start, length, launch is not None and launch["ts"] > gap_start, label)
-        for (gap_start, length, launch), label in zip(raw, labels, strict=True)
+        Gap(gap_start, length, launch is not None and launch["ts"] > gap_start, label, opened)
+        for (gap_start, length, launch), label, opened in zip(raw, labels, opened_in, strict=True)
     ]
     return busy, gaps
 
 
 def summarize(window_us: float, busy_us: float, gaps: list[Gap], steps: int, top: int = 20) -> dict:
     """Per-step ms: the wall, the GPU busy and idle time, the gaps found (host late or not) and the labels whose gaps
-    sum to the most."""
+    sum to the most (where the launching thread ran something else when the gap opened: "that -> the launch's")."""
     by_label: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # count, ms, of which host late
     for gap in gaps:
-        entry = by_label[gap.label]
+        entry = by_label[gap.label if gap.opened_in == gap.label else f"{gap.opened_in} -> {gap.label}"]
         entry[0] += 1
         entry[1] += gap.length_us / 1e3
         entry[2] += gap.length_us / 1e3 if gap.host_late else 0.0
@@ -147,7 +150,7 @@ def format_summary(name: str, s: dict, min_gap_us: float) -> str:
         f"    {'gaps':>6s} {'ms':>7s} {'late ms':>8s}  host at the launch after the gap",
     ]
     lines += [
-        f"    {row['gaps']:6.0f} {row['ms']:7.2f} {row['host_late_ms']:8.2f}  {row['label'][:110]}"
+        f"    {row['gaps']:6.1f} {row['ms']:7.2f} {row['host_late_ms']:8.2f}  {row['label'][:160]}"
         for row in s["by_label"]
     ]
     return "\n".join(lines)
@@ -199,7 +202,10 @@ def idle_of_case(case, steps: int, min_gap_us: float) -> dict:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
         events = json.loads(path.read_text())["traceEvents"]
-    windows = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == STEP_LABEL and e.get("ph") == "X"]
+    # The host's range only: the trace also holds each range on the GPU's timeline (cat gpu_user_annotation).
+    windows = [
+        (e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] == STEP_LABEL and e.get("cat") == "user_annotation"
+    ]
     busy, gaps = 0.0, []
     for window in windows:
         window_busy, window_gaps = gaps_in_window(events, window, min_gap_us)

@@ -47,9 +47,11 @@ def test_a_late_launch_is_the_host_s_and_named_by_its_ops():
     late = gaps[1]
     assert late.host_late
     assert late.label == "processor > aten::nonzero"
+    assert late.opened_in == "processor"  # the host was in the processor's forward, between ops, when the GPU ran dry
     early = gaps[2]  # launched at 50, inside aten::mm on the engine's thread, before the GPU ran dry at 110
     assert not early.host_late
     assert early.label == "aten::mm"
+    assert early.opened_in == "(no op)"
 
 
 def test_the_window_limits_the_kernels():
@@ -71,5 +73,6 @@ def test_summary_is_per_step_and_ranks_labels():
     summary = summarize(240.0, busy, gaps, steps=1)
     assert summary["idle_ms"] == pytest.approx((240 - 69) / 1e3)
     assert summary["host_late_ms"] == pytest.approx(0.070)  # the step's first launch (at 5) and the late one
-    assert summary["by_label"][0]["label"] == "aten::mm"
+    assert summary["by_label"][0]["label"] == "(no op) -> aten::mm"
+    assert summary["by_label"][1]["label"] == "processor -> processor > aten::nonzero"
     assert summarize(480.0, 2 * busy, gaps + gaps, steps=2)["gaps"] == 3
