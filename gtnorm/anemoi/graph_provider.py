@@ -7,6 +7,11 @@ expansion and registers it as B copies of the base (gtnorm.triton.layout_cache.r
 then find its layout by identity, with no compare and no host sync. The base is the provider's own buffer, found
 by identity from its second use on; Anemoi's sharding hands on a view of the same memory, which hits too.
 
+Anemoi's ``get_edges`` also reads the node counts to the host at every call (``edge_inc.tolist()``, to size the
+edge shards), a host sync per graph and step, three in a training step's forward and more in its recomputes: at
+O320 each left the GPU idle ~1 ms while the host launched the next module's first kernels (benchmarks.model.idle,
+benchmarks/NOTES.md v45). The subclass takes the counts it holds instead.
+
 It adds no parameters, buffers or state_dict keys: :func:`gtnorm.anemoi.use_gtnorm_attention` re-classes the
 providers of a built model in place. The node counts (``edge_inc``) are read to the host once per buffer, when a
 provider is converted (or when the buffer has been replaced or written to since), not per step.
@@ -30,6 +35,18 @@ _NODE_COUNTS: dict[int, tuple[weakref.ref, int, tuple[int, int]]] = {}
 class StaticGraphProvider(anemoi_graph_provider.StaticGraphProvider):
     """Anemoi's StaticGraphProvider (same arguments, state and edges) whose per-step expansion into batch copies
     is registered in gtnorm's layout cache (module docstring)."""
+
+    def _get_edges_impl(self, batch_size: int, shard_edges: bool, model_comm_group):
+        node_counts = base_node_counts(self.edge_inc)
+        if not shard_edges or node_counts is None:
+            return super()._get_edges_impl(batch_size, shard_edges, model_comm_group)
+        # Anemoi's steps with the node counts held, not read from edge_inc (module docstring).
+        edge_attr = self.trainable(self.edge_attr, batch_size)
+        edge_index = self._expand_edges(self.edge_index_base, self.edge_inc, batch_size)
+        num_src, num_dst = node_counts
+        return anemoi_graph_provider.shard_edges_1hop(
+            edge_attr, edge_index, num_src * batch_size, num_dst * batch_size, model_comm_group
+        )
 
     def _expand_edges(self, edge_index: Tensor, edge_inc: Tensor, batch_size: int) -> Tensor:  # [2, B * M]
         # Made here (the expansion Anemoi's own makes: copy i = edge_index + i * edge_inc, concatenated along the

@@ -102,6 +102,24 @@ def test_node_counts_are_read_once_and_after_a_write(monkeypatch):
     assert len(reads) == 1
 
 
+def test_edges_read_no_node_counts_to_the_host(monkeypatch):
+    """Anemoi's get_edges reads edge_inc to the host at every call (a sync on a GPU); the converted provider hands
+    on the same edges and shard sizes from the counts it holds."""
+    provider = make_provider("encoder")
+    converted = gtnorm.anemoi.use_gtnorm_attention(copy.deepcopy(provider))
+    expected = provider.get_edges(2)
+    reads = []
+    original = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(1) or original(t))
+    for _ in range(2):
+        edge_attr, edge_index, shard_sizes = converted.get_edges(2)
+        assert torch.equal(edge_attr, expected[0]) and torch.equal(edge_index, expected[1])
+        assert shard_sizes == expected[2]
+    assert reads == []
+    provider.get_edges(2)  # Anemoi's own reads them: what this test guards against coming back
+    assert reads
+
+
 @pytest.mark.parametrize("kind", ["processor", "encoder"])
 def test_trainable_edge_parameters_get_anemoi_s_gradients(kind, device, monkeypatch):
     """A graph provider with trainable edge parameters (trainable_size > 0): the raw attributes the blocks get
