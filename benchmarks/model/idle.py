@@ -1,15 +1,19 @@
-"""Where the GPU waits during the whole model's training step: the gaps between its kernels, each named by what
-the host was running when the kernel that ends the gap was launched.
+"""Where the GPU waits during the whole model's training step: the gaps between its kernels, each named by the
+kernel that ends it and by what the host was running when that kernel was launched.
 
     python -m benchmarks.model.idle --graph o320_r6 --norm layer --mapper-chunks 4 --variant gtnorm/blocks
 
 A step's wall time is its kernels' time plus the GPU's idle time; benchmarks.model.profile prints both sums (at O320
-with LayerNorm, v43: 11.6 ms of gtnorm's 307.6 ms step with no kernel running). Here profiled steps (torch.profiler,
-CPU and CUDA activities, read back from the Chrome trace it exports) give every gap, and the launch of the kernel
-after it gives its cause: launched after the GPU ran dry, the host was late, busy in the ops named; launched before,
-the kernel waited on something else (a copy, an event, the launch itself). The encoder's, processor's and
-decoder's forwards run under labels of those names; gaps in the backward are named by the autograd node that runs
-on the engine's thread (a checkpoint's recompute runs inside its node) and the innermost op.
+with LayerNorm, v43: 11.6 ms of gtnorm's 307.6 ms step with no kernel running). Here the steps are profiled twice
+(torch.profiler, read back from the Chrome trace it exports). First with the GPU's activity alone: the host runs
+at its own speed, so the idle time is the step's, and each gap is named by the kernel after it. Then with the host's
+ops recorded too, which costs the host time per op (at O320, v45: a 347 ms step against 305 ms unprofiled, and
+gaps where the host then falls behind that the first pass does not have): each gap is named by the host's ops at
+the launch of the kernel after it, and by what the host ran when the gap opened; launched after the GPU ran dry,
+the host was late; launched before, the kernel waited on something else (a copy, an event). A host sync shows as a
+gap that opens inside the op that syncs (v45: ``aten::copy_``, Anemoi's graph provider reading its node counts).
+The encoder's, processor's and decoder's forwards run under labels of those names; gaps in the backward are named by
+the autograd node that runs on the engine's thread (a checkpoint's recompute runs inside its node).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +46,7 @@ class Gap:
     host_late: bool  # the kernel after the gap was launched after the gap opened
     label: str  # what the host ran at that launch (enclosing_label)
     opened_in: str  # what the launching thread ran when the gap opened (enclosing_label)
+    next_kernel: str  # the kernel (or copy) that ends the gap
 
 
 def enclosing_label(stack: list[str]) -> str:
@@ -92,7 +98,8 @@ def gaps_in_window(events: list[dict], window: tuple[float, float], min_gap_us: 
     for event in activity:
         event_end = event["ts"] + event.get("dur", 0.0)
         if event["ts"] - busy_end >= min_gap_us:
-            raw.append((busy_end, event["ts"] - busy_end, launches.get(event.get("args", {}).get("correlation"))))
+            launch = launches.get(event.get("args", {}).get("correlation"))
+            raw.append((busy_end, event["ts"] - busy_end, launch, event["name"]))
         busy += max(0.0, event_end - max(event["ts"], busy_end))
         busy_end = max(busy_end, event_end)
     host = defaultdict(list)
@@ -100,7 +107,7 @@ def gaps_in_window(events: list[dict], window: tuple[float, float], min_gap_us: 
         if event.get("cat") in HOST_CATEGORIES and event.get("ph") == "X":
             host[event["tid"]].append((event["ts"], event["ts"] + event.get("dur", 0.0), event["name"]))
     by_thread = defaultdict(list)  # tid -> indices into raw
-    for index, (_, _, launch) in enumerate(raw):
+    for index, (_, _, launch, _) in enumerate(raw):
         if launch is not None:
             by_thread[launch["tid"]].append(index)
     labels = ["(launch not in the trace)"] * len(raw)
@@ -111,18 +118,26 @@ def gaps_in_window(events: list[dict], window: tuple[float, float], min_gap_us: 
         for index, at_launch, at_open in zip(indices, stacks[: len(indices)], stacks[len(indices) :], strict=True):
             labels[index], opened_in[index] = enclosing_label(at_launch), enclosing_label(at_open)
     gaps = [
-        Gap(gap_start, length, launch is not None and launch["ts"] > gap_start, label, opened)
-        for (gap_start, length, launch), label, opened in zip(raw, labels, opened_in, strict=True)
+        Gap(gap_start, length, launch is not None and launch["ts"] > gap_start, label, opened, kernel)
+        for (gap_start, length, launch, kernel), label, opened in zip(raw, labels, opened_in, strict=True)
     ]
     return busy, gaps
 
 
-def summarize(window_us: float, busy_us: float, gaps: list[Gap], steps: int, top: int = 20) -> dict:
-    """Per-step ms: the wall, the GPU busy and idle time, the gaps found (host late or not) and the labels whose gaps
-    sum to the most (where the launching thread ran something else when the gap opened: "that -> the launch's")."""
+def host_label(gap: Gap) -> str:
+    """What the host ran at the launch after the gap, and before it what it ran when the gap opened where that
+    differs ("that -> the launch's")."""
+    return gap.label if gap.opened_in == gap.label else f"{gap.opened_in} -> {gap.label}"
+
+
+def summarize(
+    window_us: float, busy_us: float, gaps: list[Gap], steps: int, key=host_label, top: int = 20
+) -> dict:  # fmt: skip
+    """Per-step ms: the wall, the GPU busy and idle time, the gaps found (host late or not) and the labels (``key``
+    of a gap) whose gaps sum to the most."""
     by_label: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # count, ms, of which host late
     for gap in gaps:
-        entry = by_label[gap.label if gap.opened_in == gap.label else f"{gap.opened_in} -> {gap.label}"]
+        entry = by_label[key(gap)]
         entry[0] += 1
         entry[1] += gap.length_us / 1e3
         entry[2] += gap.length_us / 1e3 if gap.host_late else 0.0
@@ -142,12 +157,14 @@ def summarize(window_us: float, busy_us: float, gaps: list[Gap], steps: int, top
     }
 
 
-def format_summary(name: str, s: dict, min_gap_us: float) -> str:
+def format_summary(name: str, s: dict, min_gap_us: float, traced: bool = True) -> str:
+    """The summary as text; ``traced``: the host's ops were recorded, so whether it was late is known."""
+    late = f", of which the host was late for {s['host_late_ms']:.1f}" if traced else ""
     lines = [
         f"{name}: step wall {s['wall_ms']:.1f} ms, GPU busy {s['busy_ms']:.1f}, idle {s['idle_ms']:.1f}; "
-        f"{s['gaps']:.0f} gaps of >= {min_gap_us:g} us: {s['gaps_ms']:.1f} ms, of which the host was late for "
-        f"{s['host_late_ms']:.1f}",
-        f"    {'gaps':>6s} {'ms':>7s} {'late ms':>8s}  host at the launch after the gap",
+        f"{s['gaps']:.0f} gaps of >= {min_gap_us:g} us: {s['gaps_ms']:.1f} ms{late}",
+        f"    {'gaps':>6s} {'ms':>7s} {'late ms':>8s}  "
+        + ("host at the launch after the gap" if traced else "kernel after the gap"),
     ]
     lines += [
         f"    {row['gaps']:6.1f} {row['ms']:7.2f} {row['host_late_ms']:8.2f}  {row['label'][:160]}"
@@ -180,8 +197,18 @@ class ModuleLabels:
             handle.remove()
 
 
+def _trace_events(prof: torch.profiler.profile) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return json.loads(path.read_text())["traceEvents"]
+
+
 def idle_of_case(case, steps: int, min_gap_us: float) -> dict:
-    """Profiles ``steps`` training steps of a benchmarks.model Case (two unprofiled first) and summarises their gaps."""
+    """Profiles ``steps`` training steps of a benchmarks.model Case (two unprofiled first) twice and summarises their
+    gaps: "gpu_only", with the GPU's activity alone recorded (the host runs at its own speed; the steps back to back,
+    the wall from the host's clock), gaps named by the kernel after each; "traced", with the host's ops recorded too
+    (which slows the host: the profiler's cost per op), gaps named by the host's ops."""
 
     def step():
         clear_grads(case.leaves)
@@ -190,6 +217,17 @@ def idle_of_case(case, steps: int, min_gap_us: float) -> dict:
     for _ in range(2):
         step()
     torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - start) * 1e6
+    events = _trace_events(prof)
+    gpu_start = min((e["ts"] for e in events if e.get("cat") in GPU_CATEGORIES), default=0.0)
+    busy, gaps = gaps_in_window(events, (gpu_start, float("inf")), min_gap_us)
+    gpu_only = summarize(wall_us, busy, gaps, steps, key=lambda gap: gap.next_kernel)
+
     labels = ModuleLabels(case.model)
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
@@ -198,10 +236,7 @@ def idle_of_case(case, steps: int, min_gap_us: float) -> dict:
                 step()
                 torch.cuda.synchronize()
     labels.remove()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
+    events = _trace_events(prof)
     # The host's range only: the trace also holds each range on the GPU's timeline (cat gpu_user_annotation).
     windows = [
         (e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] == STEP_LABEL and e.get("cat") == "user_annotation"
@@ -211,7 +246,8 @@ def idle_of_case(case, steps: int, min_gap_us: float) -> dict:
         window_busy, window_gaps = gaps_in_window(events, window, min_gap_us)
         busy += window_busy
         gaps += window_gaps
-    return summarize(sum(end - start for start, end in windows), busy, gaps, len(windows))
+    traced = summarize(sum(end - start for start, end in windows), busy, gaps, len(windows))
+    return {"gpu_only": gpu_only, "traced": traced}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -224,7 +260,10 @@ def main(argv: list[str] | None = None) -> None:
     case = case_of_arguments(args, "benchmarks.model.idle")
     summary = idle_of_case(case, args.steps, args.min_gap_us)
     print(f"## {args.graph}, QK norm {args.norm}, {args.dtype}, {args.mapper_chunks} mapper chunks: per step")
-    print(format_summary(args.variant, summary, args.min_gap_us), flush=True)
+    print("GPU activity alone:")
+    print(format_summary(args.variant, summary["gpu_only"], args.min_gap_us, traced=False))
+    print("host ops traced too:")
+    print(format_summary(args.variant, summary["traced"], args.min_gap_us), flush=True)
     if args.out is not None:
         meta = {name: getattr(args, name) for name in ("graph", "norm", "dtype", "mapper_chunks", "variant", "steps")}
         meta |= {"min_gap_us": args.min_gap_us, "device": torch.cuda.get_device_name(), "commit": git_commit()}

@@ -3,11 +3,12 @@ host ops named at the launch after each gap (the profiling itself needs CUDA).""
 
 import pytest
 
-from benchmarks.model.idle import enclosing_label, gaps_in_window, summarize
+from benchmarks.model.idle import enclosing_label, format_summary, gaps_in_window, summarize
 
 
 def _kernel(ts, dur, correlation):
-    return {"ph": "X", "cat": "kernel", "name": "k", "ts": ts, "dur": dur, "args": {"correlation": correlation}}
+    return {"ph": "X", "cat": "kernel", "name": f"k{correlation}", "ts": ts, "dur": dur,
+            "args": {"correlation": correlation}}  # fmt: skip
 
 
 def _launch(ts, correlation, tid=1):
@@ -76,3 +77,18 @@ def test_summary_is_per_step_and_ranks_labels():
     assert summary["by_label"][0]["label"] == "(no op) -> aten::mm"
     assert summary["by_label"][1]["label"] == "processor -> processor > aten::nonzero"
     assert summarize(480.0, 2 * busy, gaps + gaps, steps=2)["gaps"] == 3
+
+
+def test_without_the_host_s_events_gaps_are_named_by_the_kernel_after_them():
+    """The GPU-only pass: no launches or host ops recorded."""
+    gpu_only = [event for event in _trace() if event["cat"] == "kernel"]
+    busy, gaps = gaps_in_window(gpu_only, (10.0, float("inf")), min_gap_us=5.0)
+    assert busy == pytest.approx(69.0)
+    assert [gap.next_kernel for gap in gaps] == ["k3", "k4"]
+    assert not any(gap.host_late for gap in gaps)
+    summary = summarize(300.0, busy, gaps, steps=1, key=lambda gap: gap.next_kernel)
+    assert [row["label"] for row in summary["by_label"]] == ["k4", "k3"]
+    text = format_summary("gtnorm/blocks", summary, 5.0, traced=False)
+    assert "late for" not in text and "kernel after the gap" in text
+    traced = summarize(240.0, *gaps_in_window(_trace(), (0.0, 240.0), min_gap_us=5.0), steps=1)
+    assert "late for 0.1" in format_summary("gtnorm/blocks", traced, 5.0)
