@@ -8,8 +8,8 @@ then find its layout by identity, with no compare and no host sync. The base is 
 by identity from its second use on; Anemoi's sharding hands on a view of the same memory, which hits too.
 
 Anemoi's ``get_edges`` also reads the node counts to the host at every call (``edge_inc.tolist()``, to size the
-edge shards), a host sync per graph and step, three in a training step's forward and more in its recomputes: at
-O320 each left the GPU idle ~1 ms while the host launched the next module's first kernels (benchmarks.model.idle,
+edge shards), a host sync per graph and step, three in a model's forward: at O320 each left the GPU idle ~1 ms
+while the host launched the next module's first kernels (benchmarks.model.idle,
 benchmarks/NOTES.md v45). The subclass takes the counts it holds instead.
 
 It adds no parameters, buffers or state_dict keys: :func:`gtnorm.anemoi.use_gtnorm_attention` re-classes the

@@ -158,3 +158,34 @@ def test_residual_compiles_without_graph_break(anemoi_model):
     expected = model._assemble_output(x_out, x_skip, 2, 1, torch.float32, "data")
     compiled = torch.compile(model._assemble_output, backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x_out, x_skip, 2, 1, torch.float32, "data"), expected)
+
+
+# Tensor methods that read a tensor's values to the host: on a GPU each one waits for every kernel queued before it.
+HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu", "nonzero")
+
+
+def host_reads_of_a_step(model: torch.nn.Module, x: torch.Tensor) -> list[str]:
+    """The host reads (HOST_READS) a training step of ``model`` makes, after two steps that build its caches."""
+    reads = []
+    for index in range(3):
+        model.zero_grad(set_to_none=True)
+        with pytest.MonkeyPatch.context() as patch:
+            if index == 2:
+                for name in HOST_READS:
+                    original = getattr(torch.Tensor, name)
+                    patch.setattr(
+                        torch.Tensor, name, lambda t, *a, _f=original, _n=name, **k: reads.append(_n) or _f(t, *a, **k)
+                    )
+            model({"data": x.clone()})["data"].square().mean().backward()
+    return reads
+
+
+def test_converted_model_s_step_reads_nothing_to_the_host(device):
+    """From its third step on, the converted model's training step makes no host read (no sync on a GPU): its graph
+    providers size the edge shards from the node counts they hold and its mappers prepare their graphs once, where
+    Anemoi's model reads the node counts and its partition's sizes at every step."""
+    anemoi = build_model("anemoi", TINY, run.TINY_DATA, build_model_graph("o2_r0")).to(device)
+    gtnorm_model = gtnorm.anemoi.use_gtnorm_attention(copy.deepcopy(anemoi), "triton")
+    x = make_batch(anemoi, run.TINY_DATA).to(device)
+    assert host_reads_of_a_step(gtnorm_model, x) == []
+    assert host_reads_of_a_step(anemoi, x).count("tolist") == 3  # a provider each: what the test would see come back
