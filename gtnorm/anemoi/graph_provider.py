@@ -20,12 +20,16 @@ provider is converted (or when the buffer has been replaced or written to since)
 from __future__ import annotations
 
 import weakref
+from typing import TYPE_CHECKING
 
 import torch
 from anemoi.models.layers import graph_provider as anemoi_graph_provider
 from torch import Tensor
 
 from gtnorm.triton.layout_cache import register_batch_copies
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 # id(edge_inc) -> (a weak reference to it, its version counter, its (N_src, N_dst)), read once per buffer. Kept
 # out of the providers, so that a provider pickles and deep-copies as Anemoi's does.
@@ -34,9 +38,10 @@ _NODE_COUNTS: dict[int, tuple[weakref.ref, int, tuple[int, int]]] = {}
 
 class StaticGraphProvider(anemoi_graph_provider.StaticGraphProvider):
     """Anemoi's StaticGraphProvider (same arguments, state and edges) whose per-step expansion into batch copies
-    is registered in gtnorm's layout cache (module docstring)."""
+    is registered in gtnorm's layout cache, and whose edge shards are sized from the node counts it holds (module
+    docstring)."""
 
-    def _get_edges_impl(self, batch_size: int, shard_edges: bool, model_comm_group):
+    def _get_edges_impl(self, batch_size: int, shard_edges: bool, model_comm_group: ProcessGroup | None):
         node_counts = base_node_counts(self.edge_inc)
         if not shard_edges or node_counts is None:
             return super()._get_edges_impl(batch_size, shard_edges, model_comm_group)

@@ -160,7 +160,8 @@ def test_residual_compiles_without_graph_break(anemoi_model):
     assert torch.equal(compiled(x_out, x_skip, 2, 1, torch.float32, "data"), expected)
 
 
-# Tensor methods that read a tensor's values to the host: on a GPU each one waits for every kernel queued before it.
+# Tensor methods that read a tensor's values to the host (and torch.equal, which returns a bool): on a GPU each one
+# waits for every kernel queued before it.
 HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu", "nonzero")
 
 
@@ -171,11 +172,9 @@ def host_reads_of_a_step(model: torch.nn.Module, x: torch.Tensor) -> list[str]:
         model.zero_grad(set_to_none=True)
         with pytest.MonkeyPatch.context() as patch:
             if index == 2:
-                for name in HOST_READS:
-                    original = getattr(torch.Tensor, name)
-                    patch.setattr(
-                        torch.Tensor, name, lambda t, *a, _f=original, _n=name, **k: reads.append(_n) or _f(t, *a, **k)
-                    )
+                for owner, name in [(torch.Tensor, name) for name in HOST_READS] + [(torch, "equal")]:
+                    original = getattr(owner, name)
+                    patch.setattr(owner, name, lambda *a, _f=original, _n=name, **k: reads.append(_n) or _f(*a, **k))
             model({"data": x.clone()})["data"].square().mean().backward()
     return reads
 
