@@ -28,8 +28,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.graphs.measure import clear_grads
-from benchmarks.model.profile import MODULES
+from benchmarks.model.profile import MODULES, warmed_step
 from benchmarks.model.run import add_case_arguments, case_of_arguments, git_commit
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -209,14 +208,7 @@ def idle_of_case(case, steps: int, min_gap_us: float) -> dict:
     gaps: "gpu_only", with the GPU's activity alone recorded (the host runs at its own speed; the steps back to back,
     the wall from the host's clock), gaps named by the kernel after each; "traced", with the host's ops recorded too
     (which slows the host: the profiler's cost per op), gaps named by the host's ops."""
-
-    def step():
-        clear_grads(case.leaves)
-        case.train()
-
-    for _ in range(2):
-        step()
-    torch.cuda.synchronize()
+    step = warmed_step(case)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
         for _ in range(steps):
