@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.model.profile import MODULES, warmed_step
+from benchmarks.model.profile import MODULES, ModuleHooks, warmed_step
 from benchmarks.model.run import add_case_arguments, case_of_arguments, git_commit
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -79,28 +79,30 @@ def _stacks_at(intervals: list[tuple[float, float, str]], times: list[float]) ->
     return stacks
 
 
-def gaps_in_window(events: list[dict], window: tuple[float, float], min_gap_us: float) -> tuple[float, list[Gap]]:
-    """(the GPU's busy microseconds, its gaps of at least ``min_gap_us``) between ``window``'s ends (trace clock), from
-    a Chrome trace's events. The GPU is busy where any kernel, copy or memset runs (streams merged); the time before
-    the window's first kernel is a gap too (the host launching the step)."""
-    start, end = window
-    activity = sorted(
-        (event for event in events if event.get("cat") in GPU_CATEGORIES and start <= event["ts"] <= end),
-        key=lambda event: event["ts"],
-    )
+def gaps_in_windows(
+    events: list[dict], windows: list[tuple[float, float]], min_gap_us: float
+) -> tuple[float, list[Gap]]:
+    """(the GPU's busy microseconds, its gaps of at least ``min_gap_us``) between each window's ends (trace clock),
+    summed over the windows, from a Chrome trace's events. The GPU is busy where any kernel, copy or memset runs
+    (streams merged); the time before a window's first kernel is a gap too (the host launching the step)."""
+    activity = sorted((event for event in events if event.get("cat") in GPU_CATEGORIES), key=lambda e: e["ts"])
     launches = {
         event["args"]["correlation"]: event
         for event in events
         if event.get("cat") in LAUNCH_CATEGORIES and "correlation" in event.get("args", {})
     }
-    busy, busy_end, raw = 0.0, start, []
-    for event in activity:
-        event_end = event["ts"] + event.get("dur", 0.0)
-        if event["ts"] - busy_end >= min_gap_us:
-            launch = launches.get(event.get("args", {}).get("correlation"))
-            raw.append((busy_end, event["ts"] - busy_end, launch, event["name"]))
-        busy += max(0.0, event_end - max(event["ts"], busy_end))
-        busy_end = max(busy_end, event_end)
+    busy, raw = 0.0, []
+    for start, end in windows:
+        busy_end = start
+        for event in activity:
+            if not start <= event["ts"] <= end:
+                continue
+            event_end = event["ts"] + event.get("dur", 0.0)
+            if event["ts"] - busy_end >= min_gap_us:
+                launch = launches.get(event.get("args", {}).get("correlation"))
+                raw.append((busy_end, event["ts"] - busy_end, launch, event["name"]))
+            busy += max(0.0, event_end - max(event["ts"], busy_end))
+            busy_end = max(busy_end, event_end)
     host = defaultdict(list)
     for event in events:
         if event.get("cat") in HOST_CATEGORIES and event.get("ph") == "X":
@@ -129,9 +131,7 @@ def host_label(gap: Gap) -> str:
     return gap.label if gap.opened_in == gap.label else f"{gap.opened_in} -> {gap.label}"
 
 
-def summarize(
-    window_us: float, busy_us: float, gaps: list[Gap], steps: int, key=host_label, top: int = 20
-) -> dict:  # fmt: skip
+def summarize(window_us: float, busy_us: float, gaps: list[Gap], steps: int, key=host_label, top: int = 20) -> dict:
     """Per-step ms: the wall, the GPU busy and idle time, the gaps found (host late or not) and the labels (``key``
     of a gap) whose gaps sum to the most."""
     by_label: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # count, ms, of which host late
@@ -172,28 +172,19 @@ def format_summary(name: str, s: dict, min_gap_us: float, traced: bool = True) -
     return "\n".join(lines)
 
 
-class ModuleLabels:
-    """record_function ranges around the forward of the model's encoder, processor and decoder (hooks)."""
+class ModuleLabels(ModuleHooks):
+    """record_function ranges around the forward of the model's encoder, processor and decoder."""
 
     def __init__(self, model: torch.nn.Module):
         self.open: dict[str, torch.autograd.profiler.record_function] = {}
-        self.handles = []
-        for name in MODULES:
-            module = getattr(model, name)
-            module = module["0"] if isinstance(module, torch.nn.ModuleDict) else module
-            self.handles.append(module.register_forward_pre_hook(lambda *_, name=name: self._enter(name)))
-            self.handles.append(module.register_forward_hook(lambda *_, name=name: self._exit(name)))
+        super().__init__(model)
 
-    def _enter(self, name: str) -> None:
+    def before(self, name: str) -> None:
         self.open[name] = torch.autograd.profiler.record_function(name)
         self.open[name].__enter__()
 
-    def _exit(self, name: str) -> None:
+    def after(self, name: str) -> None:
         self.open.pop(name).__exit__(None, None, None)
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
 
 
 def _trace_events(prof: torch.profiler.profile) -> list[dict]:
@@ -217,7 +208,7 @@ def idle_of_case(case, steps: int, min_gap_us: float) -> dict:
         wall_us = (time.perf_counter() - start) * 1e6
     events = _trace_events(prof)
     gpu_start = min((e["ts"] for e in events if e.get("cat") in GPU_CATEGORIES), default=0.0)
-    busy, gaps = gaps_in_window(events, (gpu_start, float("inf")), min_gap_us)
+    busy, gaps = gaps_in_windows(events, [(gpu_start, float("inf"))], min_gap_us)
     gpu_only = summarize(wall_us, busy, gaps, steps, key=lambda gap: gap.next_kernel)
 
     labels = ModuleLabels(case.model)
@@ -233,11 +224,7 @@ def idle_of_case(case, steps: int, min_gap_us: float) -> dict:
     windows = [
         (e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] == STEP_LABEL and e.get("cat") == "user_annotation"
     ]
-    busy, gaps = 0.0, []
-    for window in windows:
-        window_busy, window_gaps = gaps_in_window(events, window, min_gap_us)
-        busy += window_busy
-        gaps += window_gaps
+    busy, gaps = gaps_in_windows(events, windows, min_gap_us)
     traced = summarize(sum(end - start for start, end in windows), busy, gaps, len(windows))
     return {"gpu_only": gpu_only, "traced": traced}
 

@@ -44,19 +44,43 @@ def kind_of(kernel: str) -> str:
     return "other"
 
 
-class ForwardTimer:
-    """CUDA events around the first forward of each of the model's encoder, processor and decoder in a step
-    (hooks on the modules; a checkpoint's recomputation calls inner functions, not these modules)."""
+class ModuleHooks:
+    """Hooks around the forward of the model's encoder, processor and decoder (of a ModuleDict of them, the first):
+    ``before(name)`` and ``after(name)``, overridden; ``remove()`` takes them off."""
 
     def __init__(self, model: torch.nn.Module):
-        self.starts: dict[str, torch.cuda.Event] = {}
-        self.ends: dict[str, torch.cuda.Event] = {}
         self.handles = []
         for name in MODULES:
             module = getattr(model, name)
             module = module["0"] if isinstance(module, torch.nn.ModuleDict) else module
-            self.handles.append(module.register_forward_pre_hook(lambda *_, name=name: self._record(self.starts, name)))
-            self.handles.append(module.register_forward_hook(lambda *_, name=name: self._record(self.ends, name)))
+            self.handles.append(module.register_forward_pre_hook(lambda *_, name=name: self.before(name)))
+            self.handles.append(module.register_forward_hook(lambda *_, name=name: self.after(name)))
+
+    def before(self, name: str) -> None:
+        pass
+
+    def after(self, name: str) -> None:
+        pass
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+class ForwardTimer(ModuleHooks):
+    """CUDA events around the first forward of each of the model's encoder, processor and decoder in a step
+    (a checkpoint's recomputation calls inner functions, not these modules)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.starts: dict[str, torch.cuda.Event] = {}
+        self.ends: dict[str, torch.cuda.Event] = {}
+        super().__init__(model)
+
+    def before(self, name: str) -> None:
+        self._record(self.starts, name)
+
+    def after(self, name: str) -> None:
+        self._record(self.ends, name)
 
     @staticmethod
     def _record(events: dict, name: str) -> None:
@@ -70,10 +94,6 @@ class ForwardTimer:
         times = {name: self.starts[name].elapsed_time(end) for name, end in self.ends.items()}
         self.starts, self.ends = {}, {}
         return times
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
 
 
 def kernel_times(call, steps: int) -> tuple[dict[str, float], dict[str, float]]:

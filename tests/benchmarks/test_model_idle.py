@@ -3,7 +3,7 @@ host ops named at the launch after each gap (the profiling itself needs CUDA).""
 
 import pytest
 
-from benchmarks.model.idle import enclosing_label, format_summary, gaps_in_window, summarize
+from benchmarks.model.idle import enclosing_label, format_summary, gaps_in_windows, summarize
 
 
 def _kernel(ts, dur, correlation):
@@ -38,13 +38,13 @@ def _trace():
 
 
 def test_gaps_are_found_and_the_busy_time_merges_streams():
-    busy, gaps = gaps_in_window(_trace(), (0.0, 240.0), min_gap_us=5.0)
+    busy, gaps = gaps_in_windows(_trace(), [(0.0, 240.0)], min_gap_us=5.0)
     assert busy == pytest.approx(10 + 19 + 10 + 30)
     assert [(gap.start_us, gap.length_us) for gap in gaps] == [(0.0, 10.0), (40.0, 60.0), (110.0, 90.0)]
 
 
 def test_a_late_launch_is_the_host_s_and_named_by_its_ops():
-    _, gaps = gaps_in_window(_trace(), (0.0, 240.0), min_gap_us=5.0)
+    _, gaps = gaps_in_windows(_trace(), [(0.0, 240.0)], min_gap_us=5.0)
     late = gaps[1]
     assert late.host_late
     assert late.label == "processor > aten::nonzero"
@@ -56,7 +56,7 @@ def test_a_late_launch_is_the_host_s_and_named_by_its_ops():
 
 
 def test_the_window_limits_the_kernels():
-    busy, gaps = gaps_in_window(_trace(), (0.0, 60.0), min_gap_us=5.0)
+    busy, gaps = gaps_in_windows(_trace(), [(0.0, 60.0)], min_gap_us=5.0)
     assert busy == pytest.approx(29.0)
     assert len(gaps) == 1
 
@@ -70,7 +70,7 @@ def test_labels_name_the_module_node_and_innermost_op():
 
 
 def test_summary_is_per_step_and_ranks_labels():
-    busy, gaps = gaps_in_window(_trace(), (0.0, 240.0), min_gap_us=5.0)
+    busy, gaps = gaps_in_windows(_trace(), [(0.0, 240.0)], min_gap_us=5.0)
     summary = summarize(240.0, busy, gaps, steps=1)
     assert summary["idle_ms"] == pytest.approx((240 - 69) / 1e3)
     assert summary["host_late_ms"] == pytest.approx(0.070)  # the step's first launch (at 5) and the late one
@@ -82,7 +82,7 @@ def test_summary_is_per_step_and_ranks_labels():
 def test_without_the_host_s_events_gaps_are_named_by_the_kernel_after_them():
     """The GPU-only pass: no launches or host ops recorded."""
     gpu_only = [event for event in _trace() if event["cat"] == "kernel"]
-    busy, gaps = gaps_in_window(gpu_only, (10.0, float("inf")), min_gap_us=5.0)
+    busy, gaps = gaps_in_windows(gpu_only, [(10.0, float("inf"))], min_gap_us=5.0)
     assert busy == pytest.approx(69.0)
     assert [gap.next_kernel for gap in gaps] == ["k3", "k4"]
     assert not any(gap.host_late for gap in gaps)
@@ -90,5 +90,5 @@ def test_without_the_host_s_events_gaps_are_named_by_the_kernel_after_them():
     assert [row["label"] for row in summary["by_label"]] == ["k4", "k3"]
     text = format_summary("gtnorm/blocks", summary, 5.0, traced=False)
     assert "late for" not in text and "kernel after the gap" in text
-    traced = summarize(240.0, *gaps_in_window(_trace(), (0.0, 240.0), min_gap_us=5.0), steps=1)
+    traced = summarize(240.0, *gaps_in_windows(_trace(), [(0.0, 240.0)], min_gap_us=5.0), steps=1)
     assert "late for 0.1" in format_summary("gtnorm/blocks", traced, 5.0)
