@@ -2,6 +2,7 @@
 kernel that ends it and by what the host was running when that kernel was launched.
 
     python -m benchmarks.model.idle --graph o320_r6 --norm layer --mapper-chunks 4 --variant gtnorm/blocks
+    python -m benchmarks.model.idle ... --call infer     # the inference call instead of the training step
 
 A step's wall time is its kernels' time plus the GPU's idle time; benchmarks.model.profile prints both sums (at O320
 with LayerNorm, v43: 11.6 ms of gtnorm's 307.6 ms step with no kernel running). Here the steps are profiled twice
@@ -13,12 +14,16 @@ the launch of the kernel after it, and by what the host ran when the gap opened;
 the host was late; launched before, the kernel waited on something else (a copy, an event). A host sync shows as a
 gap that opens inside the op that syncs (v45: ``aten::copy_``, Anemoi's graph provider reading its node counts).
 The encoder's, processor's and decoder's forwards run under labels of those names; gaps in the backward are named by
-the autograd node that runs on the engine's thread (a checkpoint's recompute runs inside its node).
+the autograd node that runs on the engine's thread (a checkpoint's recompute runs inside its node). Each gap also
+has its place in the call (``at_us``: from the call's start, marked in the first pass by a one-cycle kernel the
+host launches first, which the gaps and the busy time leave out), so that the first pass's gaps, named by kernels
+only, can be placed beside the forward's module times (benchmarks.model.profile).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import tempfile
 import time
@@ -35,6 +40,7 @@ GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 HOST_CATEGORIES = ("cpu_op", "user_annotation")
 STEP_LABEL = "idle_probe_step"
+STEP_MARKER = "spin_kernel("  # in the name of torch.cuda._sleep's kernel (at::cuda::...): launched at each call's start
 _AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
 
 
@@ -46,6 +52,7 @@ class Gap:
     label: str  # what the host ran at that launch (enclosing_label)
     opened_in: str  # what the launching thread ran when the gap opened (enclosing_label)
     next_kernel: str  # the kernel (or copy) that ends the gap
+    at_us: float | None = None  # start_us from the start of its call (None: before the first call's start)
 
 
 def enclosing_label(stack: list[str]) -> str:
@@ -80,12 +87,16 @@ def _stacks_at(intervals: list[tuple[float, float, str]], times: list[float]) ->
 
 
 def gaps_in_windows(
-    events: list[dict], windows: list[tuple[float, float]], min_gap_us: float
+    events: list[dict], windows: list[tuple[float, float]], min_gap_us: float, start_times: list[float] | None = None
 ) -> tuple[float, list[Gap]]:
     """(the GPU's busy microseconds, its gaps of at least ``min_gap_us``) between each window's ends (trace clock),
     summed over the windows, from a Chrome trace's events. The GPU is busy where any kernel, copy or memset runs
-    (streams merged); the time before a window's first kernel is a gap too (the host launching the step)."""
+    (streams merged); the time before a window's first kernel is a gap too (the host launching the step). Each gap's
+    at_us counts from the latest of ``start_times`` (the calls' starts; default: the windows') before it; kernels
+    whose names hold STEP_MARKER mark those starts and are neither busy time nor a gap's end."""
     activity = sorted((event for event in events if event.get("cat") in GPU_CATEGORIES), key=lambda e: e["ts"])
+    activity = [event for event in activity if STEP_MARKER not in event["name"]]
+    starts = sorted(start_times if start_times is not None else (start for start, _ in windows))
     launches = {
         event["args"]["correlation"]: event
         for event in events
@@ -119,10 +130,22 @@ def gaps_in_windows(
         for index, at_launch, at_open in zip(indices, stacks[: len(indices)], stacks[len(indices) :], strict=True):
             labels[index], opened_in[index] = enclosing_label(at_launch), enclosing_label(at_open)
     gaps = [
-        Gap(gap_start, length, launch is not None and launch["ts"] > gap_start, label, opened, kernel)
+        Gap(gap_start, length, launch is not None and launch["ts"] > gap_start, label, opened, kernel,
+            _since_latest(starts, gap_start))
         for (gap_start, length, launch, kernel), label, opened in zip(raw, labels, opened_in, strict=True)
-    ]
+    ]  # fmt: skip
     return busy, gaps
+
+
+def _since_latest(starts: list[float], t: float) -> float | None:
+    """t less the latest of the sorted ``starts`` not after it; None if there is none."""
+    index = bisect.bisect_right(starts, t)
+    return t - starts[index - 1] if index else None
+
+
+def call_starts(events: list[dict]) -> list[float]:
+    """When each profiled call started on the GPU: its STEP_MARKER kernel (the first pass launches one first)."""
+    return sorted(event["ts"] for event in events if event.get("cat") == "kernel" and STEP_MARKER in event["name"])
 
 
 def host_label(gap: Gap) -> str:
@@ -134,12 +157,14 @@ def host_label(gap: Gap) -> str:
 def summarize(window_us: float, busy_us: float, gaps: list[Gap], steps: int, key=host_label, top: int = 20) -> dict:
     """Per-step ms: the wall, the GPU busy and idle time, the gaps found (host late or not) and the labels (``key``
     of a gap) whose gaps sum to the most."""
-    by_label: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # count, ms, of which host late
+    by_label: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0, set()])  # count, ms, of which host late, places
     for gap in gaps:
         entry = by_label[key(gap)]
         entry[0] += 1
         entry[1] += gap.length_us / 1e3
         entry[2] += gap.length_us / 1e3 if gap.host_late else 0.0
+        if gap.at_us is not None:
+            entry[3].add(round(gap.at_us / 1e3))  # to the ms: the same place in every call counts once
     ranked = sorted(by_label.items(), key=lambda item: -item[1][1])[:top]
     return {
         "wall_ms": window_us / 1e3 / steps,
@@ -149,9 +174,15 @@ def summarize(window_us: float, busy_us: float, gaps: list[Gap], steps: int, key
         "gaps_ms": sum(gap.length_us for gap in gaps) / 1e3 / steps,
         "host_late_ms": sum(gap.length_us for gap in gaps if gap.host_late) / 1e3 / steps,
         "by_label": [
-            {"label": label, "gaps": count / steps, "ms": ms / steps, "host_late_ms": late / steps}
-            for label, (count, ms, late) in ranked
-        ],
+            {
+                "label": label,
+                "gaps": count / steps,
+                "ms": ms / steps,
+                "host_late_ms": late / steps,
+                "at_ms": sorted(places),
+            }
+            for label, (count, ms, late, places) in ranked
+        ],  # fmt: skip
         "longest": [asdict(gap) for gap in sorted(gaps, key=lambda gap: -gap.length_us)[:top]],
     }
 
@@ -160,16 +191,23 @@ def format_summary(name: str, s: dict, min_gap_us: float, traced: bool = True) -
     """The summary as text; ``traced``: the host's ops were recorded, so whether it was late is known."""
     late = f", of which the host was late for {s['host_late_ms']:.1f}" if traced else ""
     lines = [
-        f"{name}: step wall {s['wall_ms']:.1f} ms, GPU busy {s['busy_ms']:.1f}, idle {s['idle_ms']:.1f}; "
+        f"{name}: call wall {s['wall_ms']:.1f} ms, GPU busy {s['busy_ms']:.1f}, idle {s['idle_ms']:.1f}; "
         f"{s['gaps']:.0f} gaps of >= {min_gap_us:g} us: {s['gaps_ms']:.1f} ms{late}",
-        f"    {'gaps':>6s} {'ms':>7s} {'late ms':>8s}  "
+        f"    {'gaps':>6s} {'ms':>7s} {'late ms':>8s}  {'at ms':<20s}  "
         + ("host at the launch after the gap" if traced else "kernel after the gap"),
     ]
     lines += [
-        f"    {row['gaps']:6.1f} {row['ms']:7.2f} {row['host_late_ms']:8.2f}  {row['label'][:160]}"
+        f"    {row['gaps']:6.1f} {row['ms']:7.2f} {row['host_late_ms']:8.2f}  {_places(row.get('at_ms', [])):<20s}  "
+        f"{row['label'][:160]}"
         for row in s["by_label"]
     ]
     return "\n".join(lines)
+
+
+def _places(at_ms: list[int], shown: int = 5) -> str:
+    """Where in the call a label's gaps fall (ms from its start), the first few."""
+    text = ",".join(str(ms) for ms in at_ms[:shown])
+    return text + (",..." if len(at_ms) > shown else "")
 
 
 class ModuleLabels(ModuleHooks):
@@ -194,21 +232,38 @@ def _trace_events(prof: torch.profiler.profile) -> list[dict]:
         return json.loads(path.read_text())["traceEvents"]
 
 
-def idle_of_case(case, steps: int, min_gap_us: float) -> dict:
-    """Profiles ``steps`` training steps of a benchmarks.model Case (two unprofiled first) twice and summarises their
-    gaps: "gpu_only", with the GPU's activity alone recorded (the host runs at its own speed; the steps back to back,
-    the wall from the host's clock), gaps named by the kernel after each; "traced", with the host's ops recorded too
-    (which slows the host: the profiler's cost per op), gaps named by the host's ops."""
-    step = warmed_step(case)
+CALLS = ("train", "infer")
+
+
+def warmed_call(case, call: str):
+    """The case's training step (warmed_step) or its inference call, after two unmeasured calls."""
+    if call == "train":
+        return warmed_step(case)
+    for _ in range(2):
+        case.infer()
+    torch.cuda.synchronize()
+    return case.infer
+
+
+def idle_of_case(case, steps: int, min_gap_us: float, call: str = "train") -> dict:
+    """Profiles ``steps`` calls (the training step, or inference with ``call="infer"``) of a benchmarks.model Case
+    (two unprofiled first) twice and summarises their gaps: "gpu_only", with the GPU's activity alone recorded (the
+    host runs at its own speed; the calls back to back, each after a STEP_MARKER kernel, the wall from the host's
+    clock), gaps named by the kernel after each; "traced", with the host's ops recorded too (which slows the host:
+    the profiler's cost per op), gaps named by the host's ops."""
+    if call not in CALLS:
+        raise ValueError(f"call must be one of {CALLS}, got {call!r}")
+    run = warmed_call(case, call)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
         for _ in range(steps):
-            step()
+            torch.cuda._sleep(1)  # STEP_MARKER: where the call starts on the GPU
+            run()
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - start) * 1e6
     events = _trace_events(prof)
     gpu_start = min((e["ts"] for e in events if e.get("cat") in GPU_CATEGORIES), default=0.0)
-    busy, gaps = gaps_in_windows(events, [(gpu_start, float("inf"))], min_gap_us)
+    busy, gaps = gaps_in_windows(events, [(gpu_start, float("inf"))], min_gap_us, call_starts(events))
     gpu_only = summarize(wall_us, busy, gaps, steps, key=lambda gap: gap.next_kernel)
 
     labels = ModuleLabels(case.model)
@@ -216,7 +271,7 @@ def idle_of_case(case, steps: int, min_gap_us: float) -> dict:
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(steps):
             with torch.autograd.profiler.record_function(STEP_LABEL):
-                step()
+                run()
                 torch.cuda.synchronize()
     labels.remove()
     events = _trace_events(prof)
@@ -232,19 +287,22 @@ def idle_of_case(case, steps: int, min_gap_us: float) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.model.idle", description=__doc__.split("\n\n")[0])
     add_case_arguments(parser)
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2, help="calls profiled")
+    parser.add_argument("--call", choices=CALLS, default="train", help="the training step or the inference call")
     parser.add_argument("--min-gap-us", type=float, default=20.0, help="shorter gaps count as idle time, not listed")
     parser.add_argument("--out", type=Path, default=None, help="also write the summary as JSON")
     args = parser.parse_args(argv)
     case = case_of_arguments(args, "benchmarks.model.idle")
-    summary = idle_of_case(case, args.steps, args.min_gap_us)
-    print(f"## {args.graph}, QK norm {args.norm}, {args.dtype}, {args.mapper_chunks} mapper chunks: per step")
+    summary = idle_of_case(case, args.steps, args.min_gap_us, args.call)
+    what = "training step" if args.call == "train" else "inference call"
+    print(f"## {args.graph}, QK norm {args.norm}, {args.dtype}, {args.mapper_chunks} mapper chunks: per {what}")
     print("GPU activity alone:")
     print(format_summary(args.variant, summary["gpu_only"], args.min_gap_us, traced=False))
     print("host ops traced too:")
     print(format_summary(args.variant, summary["traced"], args.min_gap_us), flush=True)
     if args.out is not None:
-        meta = {name: getattr(args, name) for name in ("graph", "norm", "dtype", "mapper_chunks", "variant", "steps")}
+        names = ("graph", "norm", "dtype", "mapper_chunks", "variant", "steps", "call")
+        meta = {name: getattr(args, name) for name in names}
         meta |= {"min_gap_us": args.min_gap_us, "device": torch.cuda.get_device_name(), "commit": git_commit()}
         args.out.write_text(json.dumps({"meta": meta, **summary}, indent=1))
 

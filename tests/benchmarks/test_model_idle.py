@@ -1,9 +1,18 @@
 """benchmarks.model.idle's reading of a Chrome trace on the CPU: the GPU's gaps, whether the host was late, and the
 host ops named at the launch after each gap (the profiling itself needs CUDA)."""
 
+from dataclasses import replace
+
 import pytest
 
-from benchmarks.model.idle import enclosing_label, format_summary, gaps_in_windows, summarize
+from benchmarks.model.idle import (
+    call_starts,
+    enclosing_label,
+    format_summary,
+    gaps_in_windows,
+    idle_of_case,
+    summarize,
+)
 
 
 def _kernel(ts, dur, correlation):
@@ -92,3 +101,45 @@ def test_without_the_host_s_events_gaps_are_named_by_the_kernel_after_them():
     assert "late for" not in text and "kernel after the gap" in text
     traced = summarize(240.0, *gaps_in_windows(_trace(), [(0.0, 240.0)], min_gap_us=5.0), steps=1)
     assert "late for 0.1" in format_summary("gtnorm/blocks", traced, 5.0)
+
+
+def _marker(ts):
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": "at::cuda::(anonymous namespace)::spin_kernel(long)",
+        "ts": ts,
+        "dur": 1.0,
+        "args": {"correlation": 99},
+    }
+
+
+def test_gaps_are_placed_in_their_call():
+    """The traced pass counts from each window's start; the GPU-only pass from the marker kernel launched first in
+    each call, which is neither busy time nor the end of a gap."""
+    _, gaps = gaps_in_windows(_trace(), [(0.0, 240.0)], min_gap_us=5.0)
+    assert [gap.at_us for gap in gaps] == [0.0, 40.0, 110.0]
+    gpu_only = [_marker(3.0)] + [event for event in _trace() if event["cat"] == "kernel"] + [_marker(235.0)]
+    busy, gaps = gaps_in_windows(gpu_only, [(3.0, float("inf"))], 5.0, call_starts(gpu_only))
+    assert call_starts(gpu_only) == [3.0, 235.0]
+    assert busy == pytest.approx(69.0)  # the markers' microseconds not counted
+    assert [(gap.start_us, gap.next_kernel, gap.at_us) for gap in gaps] == [
+        (3.0, "k1", 0.0), (40.0, "k3", 37.0), (110.0, "k4", 107.0)
+    ]  # fmt: skip
+    _, before_any_call = gaps_in_windows(gpu_only, [(0.0, float("inf"))], 5.0, [50.0])
+    assert before_any_call[0].at_us is None
+
+
+def test_the_summary_says_where_each_label_s_gaps_fall():
+    busy, gaps = gaps_in_windows(_trace(), [(0.0, 240.0)], min_gap_us=5.0)
+    two_calls = gaps + [replace(gap, start_us=gap.start_us + 240.0) for gap in gaps]  # the same places again
+    summary = summarize(480.0, 2 * busy, two_calls, steps=2)
+    rows = {row["label"]: row["at_ms"] for row in summary["by_label"]}
+    assert rows["processor -> processor > aten::nonzero"] == [0]  # 40 us: ms 0, once for both calls
+    text = format_summary("gtnorm/blocks", summary, 5.0)
+    assert "at ms" in text and "call wall" in text
+
+
+def test_an_unknown_call_is_refused_before_anything_runs():
+    with pytest.raises(ValueError, match="call must be one of"):
+        idle_of_case(object(), steps=1, min_gap_us=20.0, call="eval")
