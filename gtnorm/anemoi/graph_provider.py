@@ -12,6 +12,12 @@ edge shards), a host sync per graph and step, three in a model's forward: at O32
 while the host launched the next module's first kernels (benchmarks.model.idle,
 benchmarks/NOTES.md v45). The subclass takes the counts it holds instead.
 
+Under inference mode the expansion is still made a normal tensor (from the provider's normal buffers): the cache
+sees a write into a normal tensor by its version counter, while an inference tensor has none, so each of its
+lookups found by identity enqueues a compare of its content on the device (layout_cache.py): three kernels per
+lookup, one lookup per processor layer and mapper a call (at O320 54 launches an inference call, 16 + 2 lookups;
+counted on the CPU).
+
 It adds no parameters, buffers or state_dict keys: :func:`gtnorm.anemoi.use_gtnorm_attention` re-classes the
 providers of a built model in place. The node counts (``edge_inc``) are read to the host once per buffer, when a
 provider is converted (or when the buffer has been replaced or written to since), not per step.
@@ -19,6 +25,7 @@ provider is converted (or when the buffer has been replaced or written to since)
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import TYPE_CHECKING
 
@@ -55,8 +62,11 @@ class StaticGraphProvider(anemoi_graph_provider.StaticGraphProvider):
 
     def _expand_edges(self, edge_index: Tensor, edge_inc: Tensor, batch_size: int) -> Tensor:  # [2, B * M]
         # Made here (the expansion Anemoi's own makes: copy i = edge_index + i * edge_inc, concatenated along the
-        # edges) so that what is registered is, by construction, what the tensor holds.
-        expanded = torch.cat([edge_index + i * edge_inc for i in range(batch_size)], dim=1)
+        # edges) so that what is registered is, by construction, what the tensor holds. Made a normal tensor under
+        # inference mode too (module docstring).
+        normal = not (edge_index.is_inference() or edge_inc.is_inference())
+        with torch.inference_mode(False) if normal else contextlib.nullcontext():
+            expanded = torch.cat([edge_index + i * edge_inc for i in range(batch_size)], dim=1)
         node_counts = base_node_counts(edge_inc)
         if node_counts is not None and batch_size >= 1:
             register_batch_copies(expanded, edge_index, node_counts, batch_size)

@@ -152,3 +152,33 @@ def test_trainable_edge_parameters_get_anemoi_s_gradients(kind, device, monkeypa
     first_param = len(actual) - len(names)
     for i in trainable:
         assert actual[first_param + i].abs().sum() > 0
+
+
+@pytest.mark.parametrize("kind", ["processor", "encoder", "decoder"])
+def test_inference_checks_no_edge_content_on_the_device(kind, device, monkeypatch, count_compares):
+    """Under inference mode the converted provider's edges are a normal tensor (its writes visible to the cache),
+    so no lookup compares their content, on the device or with the host; Anemoi's provider makes a new inference
+    tensor every call, whose lookups do: compared with the host at the first, checked on the device at every other."""
+    from gtnorm.triton import cached_graph
+
+    checks = []
+    original = cached_graph.CachedGraph.check_content_async
+    monkeypatch.setattr(
+        cached_graph.CachedGraph, "check_content_async", lambda *args: checks.append(1) or original(*args)
+    )
+    case = Case(kind, batch=2)
+    anemoi_model, gtnorm_model = converted_pair(case, device)
+    x = make_inputs(case, device).x
+    anemoi_model.eval(), gtnorm_model.eval()
+    with torch.inference_mode():
+        for _ in range(2):
+            assert rel_error(gtnorm_model(x), anemoi_model(x)) <= TOL
+            _, edge_index, _ = gtnorm_model.provider.get_edges(2)
+            assert not edge_index.is_inference()
+    assert checks == [] and count_compares == []
+    # gtnorm's blocks with Anemoi's provider:
+    anemoi_blocks = gtnorm.anemoi.use_gtnorm_attention(copy.deepcopy(anemoi_model).module, "triton")
+    anemoi_provider_model = ProviderModel(case, anemoi_model.provider, anemoi_blocks).to(device).eval()
+    with torch.inference_mode():
+        anemoi_provider_model(x), anemoi_provider_model(x)
+    assert checks or count_compares  # what this test guards against coming back
