@@ -182,7 +182,7 @@ def summarize(window_us: float, busy_us: float, gaps: list[Gap], steps: int, key
                 "at_ms": sorted(places),
             }
             for label, (count, ms, late, places) in ranked
-        ],  # fmt: skip
+        ],
         "longest": [asdict(gap) for gap in sorted(gaps, key=lambda gap: -gap.length_us)[:top]],
     }
 
