@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.model.profile import MODULES, ModuleHooks, warmed_step
+from benchmarks.model.profile import MODULES, ModuleHooks, warmed_call
 from benchmarks.model.run import add_case_arguments, case_of_arguments, git_commit
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -94,8 +94,10 @@ def gaps_in_windows(
     (streams merged); the time before a window's first kernel is a gap too (the host launching the step). Each gap's
     at_us counts from the latest of ``start_times`` (the calls' starts; default: the windows') before it; kernels
     whose names hold STEP_MARKER mark those starts and are neither busy time nor a gap's end."""
-    activity = sorted((event for event in events if event.get("cat") in GPU_CATEGORIES), key=lambda e: e["ts"])
-    activity = [event for event in activity if STEP_MARKER not in event["name"]]
+    activity = sorted(
+        (event for event in events if event.get("cat") in GPU_CATEGORIES and STEP_MARKER not in event["name"]),
+        key=lambda e: e["ts"],
+    )
     starts = sorted(start_times if start_times is not None else (start for start, _ in windows))
     launches = {
         event["args"]["correlation"]: event
@@ -233,16 +235,6 @@ def _trace_events(prof: torch.profiler.profile) -> list[dict]:
 
 
 CALLS = ("train", "infer")
-
-
-def warmed_call(case, call: str):
-    """The case's training step (warmed_step) or its inference call, after two unmeasured calls."""
-    if call == "train":
-        return warmed_step(case)
-    for _ in range(2):
-        case.infer()
-    torch.cuda.synchronize()
-    return case.infer
 
 
 def idle_of_case(case, steps: int, min_gap_us: float, call: str = "train") -> dict:

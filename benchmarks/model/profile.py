@@ -126,18 +126,19 @@ def op_times(call, steps: int, top: int = 40) -> list[tuple[str, str, float]]:
     return sorted(ops, key=lambda op: -op[2])[:top]
 
 
-def warmed_step(case: Case):
-    """The case's training step (its gradients cleared first) as a call, after two unmeasured steps (compiles and
-    caches built)."""
+def warmed_call(case: Case, call: str = "train"):
+    """The case's training step (its gradients cleared first) or, with ``call="infer"``, its inference call, after
+    two unmeasured calls (compiles and caches built)."""
 
     def step():
         clear_grads(case.leaves)
         case.train()
 
+    run = step if call == "train" else case.infer
     for _ in range(2):
-        step()
+        run()
     torch.cuda.synchronize()
-    return step
+    return run
 
 
 def profile_case(case: Case, steps: int) -> dict:
@@ -145,7 +146,7 @@ def profile_case(case: Case, steps: int) -> dict:
     kind of work and per kernel of the step and of inference, and the step's torch ops with the most GPU time."""
     # The step before any inference call: inference compiles blocks anew and can use up torch's recompile limit
     # (Anemoi's blocks at O800, profiled after inference: a 1,898 ms step against the benchmark's 1,711).
-    step = warmed_step(case)
+    step = warmed_call(case)
     timer = ForwardTimer(case.model)
     forward = defaultdict(float)
     wall = host = 0.0
