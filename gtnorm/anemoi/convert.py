@@ -10,6 +10,7 @@ from torch import nn
 
 from gtnorm.anemoi import graph_provider, mapper, model, processor
 from gtnorm.anemoi.block import convert_blocks
+from gtnorm.anemoi.bounding import bounding_indices_as_buffers
 
 # Anemoi's classes -> gtnorm's subclasses that add methods only (no parameters, buffers or state_dict keys), so
 # that re-classing a built instance is complete (the model's plain attribute is set after re-classing).
@@ -35,9 +36,12 @@ def use_gtnorm_attention(module: nn.Module, graph_attention_backend: str | None 
       ``layers_outside_checkpoint``, 0 as converted: gtnorm/anemoi/processor.py).
     - An AnemoiModelEncProcDec adds its residual out of place: its backward needs no sorting index backward
       (gtnorm/anemoi/model.py).
+    - Every output bounding holds the columns it bounds on the model's device, as non-persistent buffers: its
+      indexing makes no host sync (gtnorm/anemoi/bounding.py).
 
-    Parameters, buffers and state_dict keys do not change (gtnorm's classes add none), so this works on a model
-    built from any config or loaded from a checkpoint: ``use_gtnorm_attention(model, "triton")``.
+    Parameters and state_dict keys do not change (gtnorm's classes add none; the boundings' buffers are not
+    saved), so this works on a model built from any config or loaded from a checkpoint:
+    ``use_gtnorm_attention(model, "triton")``.
     ``graph_attention_backend``: "triton" (gtnorm's kernels where they can run, the PyG path elsewhere) or
     "pyg" (the PyG reference) for every block; None keeps each block's own setting, which Anemoi has already
     turned from "triton" into "pyg" if the block was built without CUDA.
@@ -51,4 +55,5 @@ def use_gtnorm_attention(module: nn.Module, graph_attention_backend: str | None 
             part.check_residual_indices()
         if isinstance(part, graph_provider.StaticGraphProvider):
             graph_provider.base_node_counts(part.edge_inc)
+    bounding_indices_as_buffers(module)
     return module

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from anemoi.models.models import encoder_processor_decoder as anemoi_model
 
+from gtnorm.anemoi.bounding import bounding_indices_as_buffers
 from gtnorm.anemoi.grad_columns import mark_grad_columns
 
 
@@ -32,6 +33,7 @@ class AnemoiModelEncProcDec(anemoi_model.AnemoiModelEncProcDec):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.check_residual_indices()
+        bounding_indices_as_buffers(self)
 
     def check_residual_indices(self) -> None:
         """Finds, per dataset, whether its residual can be added out of place (distinct output indices); a plain
