@@ -9,8 +9,10 @@ a zero-filled tensor with torch's sorting index backward: at O800 a [2.59M, 94] 
 variable appears once in a model's output; checked once, when the model is made or converted), every element
 receives at most one addend: the values are bitwise those of Anemoi's in-place add (``index_add`` adds onto a copy,
 as Anemoi adds onto its ``clone``), and its atomics add a single term each, whatever their order. The indices (CPU
-tensors of Anemoi's data indices) are copied to the device each call with ``non_blocking=True``, as Anemoi's indexing
-copies them implicitly; whether that copy from pageable memory waits on the device is not yet checked on a GPU.
+tensors of Anemoi's data indices) are copied to the device each call with ``non_blocking=True``, where Anemoi's indexing
+copies them implicitly with a blocking copy; from pageable memory the copy is staged without waiting on the device
+(H200, cProfile of the O320 call: ~0.1 ms of host time here, and no sync under torch's sync debug mode in
+tests/anemoi/test_bounding.py; benchmarks/NOTES.md v47). The output boundings' own indices are buffers (bounding.py).
 
 The grid input it assembles for the encoder, which the decoder takes as its destinations, is marked with the
 columns whose gradient reaches a parameter, the nodes' trainable ones (grad_columns.py: the decoder's chunks then
