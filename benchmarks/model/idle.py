@@ -18,6 +18,13 @@ the autograd node that runs on the engine's thread (a checkpoint's recompute run
 has its place in the call (``at_us``: from the call's start, marked in the first pass by a one-cycle kernel the
 host launches first, which the gaps and the busy time leave out), so that the first pass's gaps, named by kernels
 only, can be placed beside the forward's module times (benchmarks.model.profile).
+
+A sync shows as a gap only after the op that waits, and in that op's kernels' names, not its own (v47: Anemoi's
+output bounding indexes with a CPU tensor, a blocking copy that the gaps showed as a short gap before a pageable
+memcpy at the forward's end, while the host waited 12-17 ms a call). So each pass also lists the host's waits:
+CUDA runtime and driver calls of at least ``--min-wait-us``, each named by the call and, in the traced pass, by the
+host's ops around it, and placed in its call. A kernel launch that waits is the launch queue full (the host ahead
+of the GPU by the queue's depth: no cost); any other long call is a sync or a blocking copy.
 """
 
 from __future__ import annotations
@@ -116,10 +123,7 @@ def gaps_in_windows(
                 raw.append((busy_end, event["ts"] - busy_end, launch, event["name"]))
             busy += max(0.0, event_end - max(event["ts"], busy_end))
             busy_end = max(busy_end, event_end)
-    host = defaultdict(list)
-    for event in events:
-        if event.get("cat") in HOST_CATEGORIES and event.get("ph") == "X":
-            host[event["tid"]].append((event["ts"], event["ts"] + event.get("dur", 0.0), event["name"]))
+    host = _host_ops(events)
     by_thread = defaultdict(list)  # tid -> indices into raw
     for index, (_, _, launch, _) in enumerate(raw):
         if launch is not None:
@@ -137,6 +141,67 @@ def gaps_in_windows(
         for (gap_start, length, launch, kernel), label, opened in zip(raw, labels, opened_in, strict=True)
     ]  # fmt: skip
     return busy, gaps
+
+
+def _host_ops(events: list[dict]) -> dict[int, list[tuple[float, float, str]]]:
+    """Each host thread's ops and ranges: (start, end, name)."""
+    host = defaultdict(list)
+    for event in events:
+        if event.get("cat") in HOST_CATEGORIES and event.get("ph") == "X":
+            host[event["tid"]].append((event["ts"], event["ts"] + event.get("dur", 0.0), event["name"]))
+    return host
+
+
+@dataclass(frozen=True)
+class Wait:
+    call: str  # the CUDA runtime or driver call: cudaStreamSynchronize, cudaMemcpyAsync, cudaLaunchKernel, ...
+    length_us: float
+    label: str  # what the host ran around it (enclosing_label)
+    at_us: float | None = None  # its start from the start of its call
+
+
+def host_waits(
+    events: list[dict], windows: list[tuple[float, float]], min_wait_us: float, start_times: list[float] | None = None
+) -> list[Wait]:
+    """The CUDA runtime and driver calls of at least ``min_wait_us`` that start inside the windows (trace clock):
+    where the host waited on the device (module docstring), each named by the host's ops around it and placed from
+    the latest of ``start_times`` (default: the windows' starts) before it."""
+    starts = sorted(start_times if start_times is not None else (start for start, _ in windows))
+    calls = [
+        event
+        for event in events
+        if event.get("cat") in LAUNCH_CATEGORIES
+        and event.get("dur", 0.0) >= min_wait_us
+        and any(start <= event["ts"] <= end for start, end in windows)
+    ]
+    host = _host_ops(events)
+    by_thread = defaultdict(list)
+    for event in calls:
+        by_thread[event.get("tid")].append(event)
+    waits = []
+    for tid, thread_calls in by_thread.items():
+        stacks = _stacks_at(host.get(tid, []), [event["ts"] for event in thread_calls])
+        waits += [
+            Wait(event["name"], event["dur"], enclosing_label(stack), _since_latest(starts, event["ts"]))
+            for event, stack in zip(thread_calls, stacks, strict=True)
+        ]
+    return sorted(waits, key=lambda wait: -wait.length_us)
+
+
+def summarize_waits(waits: list[Wait], steps: int, top: int = 10) -> list[dict]:
+    """Per-step ms of the host's waits by call and label, the largest first, with their places (ms)."""
+    by_key: dict[str, list] = defaultdict(lambda: [0, 0.0, set()])
+    for wait in waits:
+        entry = by_key[f"{wait.call} in {wait.label}"]
+        entry[0] += 1
+        entry[1] += wait.length_us / 1e3
+        if wait.at_us is not None:
+            entry[2].add(round(wait.at_us / 1e3))
+    ranked = sorted(by_key.items(), key=lambda item: -item[1][1])[:top]
+    return [
+        {"wait": key, "waits": count / steps, "ms": ms / steps, "at_ms": sorted(places)}
+        for key, (count, ms, places) in ranked
+    ]
 
 
 def _since_latest(starts: list[float], t: float) -> float | None:
@@ -203,6 +268,13 @@ def format_summary(name: str, s: dict, min_gap_us: float, traced: bool = True) -
         f"{row['label'][:160]}"
         for row in s["by_label"]
     ]
+    if s.get("host_waits"):
+        lines.append(f"    host waits (runtime calls of >= {s['min_wait_us']:g} us; a launch waits on a full queue):")
+        lines.append(f"    {'waits':>6s} {'ms':>7s}  {'at ms':<20s}  call in the host's ops")
+        lines += [
+            f"    {row['waits']:6.1f} {row['ms']:7.2f}  {_places(row['at_ms']):<20s}  {row['wait'][:160]}"
+            for row in s["host_waits"]
+        ]
     return "\n".join(lines)
 
 
@@ -237,12 +309,22 @@ def _trace_events(prof: torch.profiler.profile) -> list[dict]:
 CALLS = ("train", "infer")
 
 
-def idle_of_case(case, steps: int, min_gap_us: float, call: str = "train") -> dict:
+def model_waits(
+    events: list[dict], windows: list[tuple[float, float]], min_wait_us: float, steps: int, starts=None
+) -> list[dict]:
+    # cudaDeviceSynchronize left out: the probe's own torch.cuda.synchronize() after the calls; a model's syncs come
+    # as stream syncs (item(), tolist(), a blocking copy) or as copies that wait.
+    waits = [w for w in host_waits(events, windows, min_wait_us, starts) if w.call != "cudaDeviceSynchronize"]
+    return summarize_waits(waits, steps)
+
+
+def idle_of_case(case, steps: int, min_gap_us: float, call: str = "train", min_wait_us: float = 100.0) -> dict:
     """Profiles ``steps`` calls (the training step, or inference with ``call="infer"``) of a benchmarks.model Case
     (two unprofiled first) twice and summarises their gaps: "gpu_only", with the GPU's activity alone recorded (the
     host runs at its own speed; the calls back to back, each after a STEP_MARKER kernel, the wall from the host's
     clock), gaps named by the kernel after each; "traced", with the host's ops recorded too (which slows the host:
-    the profiler's cost per op), gaps named by the host's ops."""
+    the profiler's cost per op), gaps named by the host's ops. Both list the host's waits of at least
+    ``min_wait_us`` (host_waits)."""
     if call not in CALLS:
         raise ValueError(f"call must be one of {CALLS}, got {call!r}")
     run = warmed_call(case, call)
@@ -257,6 +339,8 @@ def idle_of_case(case, steps: int, min_gap_us: float, call: str = "train") -> di
     gpu_start = min((e["ts"] for e in events if e.get("cat") in GPU_CATEGORIES), default=0.0)
     busy, gaps = gaps_in_windows(events, [(gpu_start, float("inf"))], min_gap_us, call_starts(events))
     gpu_only = summarize(wall_us, busy, gaps, steps, key=lambda gap: gap.next_kernel)
+    gpu_only["host_waits"] = model_waits(events, [(gpu_start, float("inf"))], min_wait_us, steps, call_starts(events))
+    gpu_only["min_wait_us"] = min_wait_us
 
     labels = ModuleLabels(case.model)
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -273,6 +357,8 @@ def idle_of_case(case, steps: int, min_gap_us: float, call: str = "train") -> di
     ]
     busy, gaps = gaps_in_windows(events, windows, min_gap_us)
     traced = summarize(sum(end - start for start, end in windows), busy, gaps, len(windows))
+    traced["host_waits"] = model_waits(events, windows, min_wait_us, len(windows))
+    traced["min_wait_us"] = min_wait_us
     return {"gpu_only": gpu_only, "traced": traced}
 
 
@@ -282,10 +368,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=2, help="calls profiled")
     parser.add_argument("--call", choices=CALLS, default="train", help="the training step or the inference call")
     parser.add_argument("--min-gap-us", type=float, default=20.0, help="shorter gaps count as idle time, not listed")
+    parser.add_argument("--min-wait-us", type=float, default=100.0, help="shorter runtime calls are not waits")
     parser.add_argument("--out", type=Path, default=None, help="also write the summary as JSON")
     args = parser.parse_args(argv)
     case = case_of_arguments(args, "benchmarks.model.idle")
-    summary = idle_of_case(case, args.steps, args.min_gap_us, args.call)
+    summary = idle_of_case(case, args.steps, args.min_gap_us, args.call, args.min_wait_us)
     what = "training step" if args.call == "train" else "inference call"
     print(f"## {args.graph}, QK norm {args.norm}, {args.dtype}, {args.mapper_chunks} mapper chunks: per {what}")
     print("GPU activity alone:")
@@ -295,7 +382,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.out is not None:
         names = ("graph", "norm", "dtype", "mapper_chunks", "variant", "steps", "call")
         meta = {name: getattr(args, name) for name in names}
-        meta |= {"min_gap_us": args.min_gap_us, "device": torch.cuda.get_device_name(), "commit": git_commit()}
+        meta |= {"min_gap_us": args.min_gap_us, "min_wait_us": args.min_wait_us}
+        meta |= {"device": torch.cuda.get_device_name(), "commit": git_commit()}
         args.out.write_text(json.dumps({"meta": meta, **summary}, indent=1))
 
 

@@ -10,8 +10,11 @@ from benchmarks.model.idle import (
     enclosing_label,
     format_summary,
     gaps_in_windows,
+    host_waits,
     idle_of_case,
+    model_waits,
     summarize,
+    summarize_waits,
 )
 
 
@@ -138,6 +141,51 @@ def test_the_summary_says_where_each_label_s_gaps_fall():
     assert rows["processor -> processor > aten::nonzero"] == [0]  # 40 us: ms 0, once for both calls
     text = format_summary("gtnorm/blocks", summary, 5.0)
     assert "at ms" in text and "call wall" in text
+
+
+def _runtime(ts, dur, name, tid=1):
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur, "tid": tid, "args": {}}
+
+
+def _waiting_trace():
+    """In the decoder's aten::index (host thread 1) a 300 us stream sync (a blocking copy), then a 150 us launch
+    (the queue full) in the processor, a 20 us copy (no wait), and the probe's own 400 us device sync at the end."""
+    return [
+        _op(0, 1000, "idle_probe_step", cat="user_annotation"),
+        _op(100, 200, "processor", cat="user_annotation"),
+        _op(400, 400, "decoder", cat="user_annotation"),
+        _op(450, 320, "aten::index"),
+        _runtime(150, 150, "cudaLaunchKernel"),
+        _runtime(460, 300, "cudaStreamSynchronize"),
+        _runtime(780, 20, "cudaMemcpyAsync"),
+        _runtime(850, 400, "cudaDeviceSynchronize"),
+    ]  # fmt: skip
+
+
+def test_host_waits_are_long_runtime_calls_named_by_the_host_s_ops():
+    waits = host_waits(_waiting_trace(), [(0.0, 1000.0)], min_wait_us=100.0)
+    assert [(w.call, w.length_us, w.label, w.at_us) for w in waits] == [
+        ("cudaDeviceSynchronize", 400.0, "idle_probe_step", 850.0),
+        ("cudaStreamSynchronize", 300.0, "decoder > aten::index", 460.0),
+        ("cudaLaunchKernel", 150.0, "processor", 150.0),
+    ]
+    assert host_waits(_waiting_trace(), [(0.0, 400.0)], min_wait_us=100.0)[0].call == "cudaLaunchKernel"
+    rows = model_waits(_waiting_trace(), [(0.0, 1000.0)], 100.0, steps=2)  # the probe's own sync left out
+    assert [(row["wait"], row["ms"], row["at_ms"]) for row in rows] == [
+        ("cudaStreamSynchronize in decoder > aten::index", 0.15, [0]),
+        ("cudaLaunchKernel in processor", 0.075, [0]),
+    ]
+
+
+def test_the_summary_lists_the_host_s_waits():
+    busy, gaps = gaps_in_windows(_trace(), [(0.0, 240.0)], min_gap_us=5.0)
+    summary = summarize(240.0, busy, gaps, steps=1)
+    assert "host waits" not in format_summary("gtnorm/blocks", summary, 5.0)
+    waits = host_waits(_waiting_trace(), [(0.0, 1000.0)], min_wait_us=100.0)
+    summary |= {"host_waits": summarize_waits(waits, steps=1), "min_wait_us": 100.0}
+    text = format_summary("gtnorm/blocks", summary, 5.0)
+    assert "host waits (runtime calls of >= 100 us" in text
+    assert "cudaStreamSynchronize in decoder > aten::index" in text
 
 
 def test_an_unknown_call_is_refused_before_anything_runs():
