@@ -105,7 +105,7 @@ def gaps_in_windows(
         (event for event in events if event.get("cat") in GPU_CATEGORIES and STEP_MARKER not in event["name"]),
         key=lambda e: e["ts"],
     )
-    starts = sorted(start_times if start_times is not None else (start for start, _ in windows))
+    starts = _sorted_starts(start_times, windows)
     launches = {
         event["args"]["correlation"]: event
         for event in events
@@ -166,7 +166,7 @@ def host_waits(
     """The CUDA runtime and driver calls of at least ``min_wait_us`` that start inside the windows (trace clock):
     where the host waited on the device (module docstring), each named by the host's ops around it and placed from
     the latest of ``start_times`` (default: the windows' starts) before it."""
-    starts = sorted(start_times if start_times is not None else (start for start, _ in windows))
+    starts = _sorted_starts(start_times, windows)
     calls = [
         event
         for event in events
@@ -202,6 +202,11 @@ def summarize_waits(waits: list[Wait], steps: int, top: int = 10) -> list[dict]:
         {"wait": key, "waits": count / steps, "ms": ms / steps, "at_ms": sorted(places)}
         for key, (count, ms, places) in ranked
     ]
+
+
+def _sorted_starts(start_times: list[float] | None, windows: list[tuple[float, float]]) -> list[float]:
+    """The calls' starts that places count from: ``start_times``, or else the windows' starts."""
+    return sorted(start_times if start_times is not None else (start for start, _ in windows))
 
 
 def _since_latest(starts: list[float], t: float) -> float | None:
@@ -337,9 +342,10 @@ def idle_of_case(case, steps: int, min_gap_us: float, call: str = "train", min_w
         wall_us = (time.perf_counter() - start) * 1e6
     events = _trace_events(prof)
     gpu_start = min((e["ts"] for e in events if e.get("cat") in GPU_CATEGORIES), default=0.0)
-    busy, gaps = gaps_in_windows(events, [(gpu_start, float("inf"))], min_gap_us, call_starts(events))
+    window, starts = [(gpu_start, float("inf"))], call_starts(events)
+    busy, gaps = gaps_in_windows(events, window, min_gap_us, starts)
     gpu_only = summarize(wall_us, busy, gaps, steps, key=lambda gap: gap.next_kernel)
-    gpu_only["host_waits"] = model_waits(events, [(gpu_start, float("inf"))], min_wait_us, steps, call_starts(events))
+    gpu_only["host_waits"] = model_waits(events, window, min_wait_us, steps, starts)
     gpu_only["min_wait_us"] = min_wait_us
 
     labels = ModuleLabels(case.model)
